@@ -1,0 +1,39 @@
+# xdpx: `make demo` runs the whole pipeline on the built-in real corpus; `make test` runs the tests.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+export DVC_NO_ANALYTICS := 1
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90
+
+.PHONY: install demo flow test lint bench clean
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# the CPU build first: a plain `torch` requirement would pull several GB of CUDA wheels
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install  ## fetch -> prepro -> train -> evaluate -> predict -> export on the full corpus
+	dvc repro
+	dvc metrics show
+
+flow: install  ## the same DAG as a Prefect flow on a subset (embedded server)
+	$(PY) -m flows.pipeline fetch.limit=2000
+
+test: install
+	$(PY) -m pytest -q
+
+lint: install
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+bench: install  ## the classical baseline vs the demo's test accuracy
+	$(PY) bench/baseline.py --metrics reports/metrics.json
+
+clean:
+	rm -rf data/raw data/prepared models reports/*.json reports/*.png reports/*.tsv

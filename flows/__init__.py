@@ -1,0 +1,1 @@
+"""Prefect flows: thin tasks around ``stages.*.run``."""

@@ -1,0 +1,101 @@
+"""Stage ``evaluate``: metrics of a checkpoint on prepared splits.
+
+Writes ``metrics_file`` (DVC metrics: ``{split: {accuracy, macro_f1, ...}}``),
+a confusion-matrix PNG of the last split and, when the checkpoint sits in a
+run directory with a ``valid.log.tsv``, ``valid_curve.png`` beside it.
+Scores come from ``xdpx.inference.predict_probs``, the code the trainer
+validates with, so the dev score equals the best one logged in training.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+import pandas as pd
+from pydantic import BaseModel
+
+from xdpx import io
+from xdpx.checkpoint import CheckpointError, load_checkpoint
+from xdpx.config import ConfigError, EvaluateConfig, load_params, stage_argv
+from xdpx.data import load_split
+from xdpx.inference import predict_probs
+from xdpx.metrics import METRIC_DIRECTIONS, classification_metrics, confusion_matrix
+from xdpx.viz import confusion_figure, save_figure, valid_curve_figure
+
+log = logging.getLogger("xdpx.evaluate")
+
+
+class EvaluateResult(BaseModel):
+    """Metrics per split and the files written."""
+
+    checkpoint: str
+    metrics: dict[str, dict[str, float]]
+    metrics_file: str
+    confusion_png: str
+
+
+def run(cfg: EvaluateConfig) -> EvaluateResult:
+    """Score ``cfg.checkpoint`` on ``cfg.splits`` of ``cfg.data_dir``.
+
+    Raises:
+        CheckpointError: missing/incomplete checkpoint or alias.
+        ValueError: the data's target map differs from the checkpoint's.
+    """
+    ckpt = load_checkpoint(cfg.checkpoint)
+    data_labels = io.read_text(io.join(cfg.data_dir, "target_map.txt")).split()
+    ckpt_labels = io.read_text(io.join(ckpt.path, "target_map.txt")).split()
+    if data_labels != ckpt_labels:
+        raise ValueError(
+            f"evaluate.data_dir {cfg.data_dir} has labels {data_labels} but checkpoint {ckpt.path} was trained on {ckpt_labels}"
+        )
+    pad_id = ckpt.model_config.get("pad_id", 0)
+    metrics: dict[str, dict[str, float]] = {}
+    cm = None
+    for split in cfg.splits:
+        data = load_split(cfg.data_dir, split)
+        probs = predict_probs(ckpt.model, data.input_ids, cfg.batch_size, pad_id)
+        metrics[split] = classification_metrics(data.labels, probs)
+        cm = confusion_matrix(data.labels, probs.argmax(1), labels=list(range(len(ckpt_labels))))
+        log.info("%s: %s", split, {k: round(v, 4) for k, v in metrics[split].items()})
+    io.write_text(cfg.metrics_file, json.dumps(metrics, indent=2) + "\n")
+    if cm is not None:
+        title = f"{cfg.splits[-1]}: accuracy {metrics[cfg.splits[-1]]['accuracy']:.4f}"
+        save_figure(confusion_figure(cm, ckpt_labels, title), cfg.confusion_png)
+    run_dir = ckpt.path.rsplit("/", 1)[0] if "/" in ckpt.path else "."
+    valid_log = io.join(run_dir, "valid.log.tsv")
+    if io.exists(valid_log):
+        df = pd.read_csv(io.open(valid_log), sep="\t")
+        major = _major_metric(run_dir)
+        if major in df.columns and len(df):
+            curve = io.join(cfg.confusion_png.rsplit("/", 1)[0] if "/" in cfg.confusion_png else ".", "valid_curve.png")
+            save_figure(valid_curve_figure(df, major, METRIC_DIRECTIONS[major]), curve)
+    return EvaluateResult(
+        checkpoint=ckpt.path, metrics=metrics, metrics_file=cfg.metrics_file, confusion_png=cfg.confusion_png
+    )
+
+
+def _major_metric(run_dir: str) -> str:
+    import yaml
+
+    params = io.join(run_dir, "params.yaml")
+    if io.exists(params):
+        return (yaml.safe_load(io.read_text(params)) or {}).get("train", {}).get("major_metric", "accuracy")
+    return "accuracy"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m stages.evaluate [--params params.yaml] [evaluate.key=value ...]``."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        params, overrides = stage_argv("evaluate", sys.argv[1:] if argv is None else argv)
+        result = run(load_params(params, overrides).evaluate)
+    except (ConfigError, CheckpointError, ValueError) as e:
+        sys.exit(f"error: {e}")
+    for split, m in result.metrics.items():
+        print(f"{split}: " + "  ".join(f"{k}={v:.4f}" for k, v in m.items()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""Stage ``predict``: predicted label and class probabilities for every line of a raw file.
+
+The file is read and encoded exactly as prepro did for training (format,
+columns, tokenizer, vocab, max_len come from the checkpoint's ``meta.json``).
+Output TSV columns: the input columns (``concat_origin``), then ``pred_label``
+and one ``prob_<label>`` column per class (usable as distillation targets).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+from pydantic import BaseModel
+
+from xdpx import io
+from xdpx.checkpoint import CheckpointError, load_checkpoint
+from xdpx.config import ConfigError, PredictConfig, PreproConfig, load_params, stage_argv
+from xdpx.data import DataError, Encoder, read_examples
+from xdpx.inference import predict_probs
+
+log = logging.getLogger("xdpx.predict")
+
+
+class PredictResult(BaseModel):
+    """Rows predicted, lines skipped as malformed, and the output path."""
+
+    out_file: str
+    rows: int
+    skipped: int
+    label_counts: dict[str, int]
+
+
+def run(cfg: PredictConfig) -> PredictResult:
+    """Predict every line of ``cfg.data_file`` with ``cfg.checkpoint``; write ``cfg.out_file``.
+
+    Raises:
+        CheckpointError: missing/incomplete checkpoint or alias.
+        DataError: a malformed input line (file:line and reason), unless the
+            training prepro had ``skip_bad_lines``.
+    """
+    ckpt = load_checkpoint(cfg.checkpoint)
+    meta = json.loads(io.read_text(io.join(ckpt.path, "meta.json")))
+    prepro = PreproConfig(**meta["prepro"])
+    encoder = Encoder.from_dir(ckpt.path)
+    data = read_examples(cfg.data_file, prepro, require_label=False)
+    if len(data.texts) == 0:
+        raise DataError(f"{cfg.data_file}: no rows to predict")
+    seqs = encoder.encode(data.texts, data.texts2)
+    probs = predict_probs(ckpt.model, seqs, cfg.batch_size, encoder.pad_id)
+    labels = encoder.labels
+    columns = (list(data.columns) if cfg.concat_origin else []) + ["pred_label"] + [f"prob_{lab}" for lab in labels]
+    lines = ["\t".join(columns)] if cfg.header else []
+    counts = dict.fromkeys(labels, 0)
+    for i, p in enumerate(probs):
+        pred = labels[int(p.argmax())]
+        counts[pred] += 1
+        origin = [data.rows[i].get(c, "") for c in data.columns] if cfg.concat_origin else []
+        lines.append("\t".join(origin + [pred] + [f"{x:.6f}" for x in p]))
+    io.write_text(cfg.out_file, "\n".join(lines) + "\n")
+    log.info("predicted %d rows -> %s (%s)", len(probs), cfg.out_file, counts)
+    return PredictResult(out_file=cfg.out_file, rows=len(probs), skipped=data.skipped, label_counts=counts)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m stages.predict [--params params.yaml] [predict.key=value ...]``."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        params, overrides = stage_argv("predict", sys.argv[1:] if argv is None else argv)
+        result = run(load_params(params, overrides).predict)
+    except (ConfigError, CheckpointError, DataError) as e:
+        sys.exit(f"error: {e}")
+    print(f"wrote {result.rows} predictions to {result.out_file} ({result.label_counts})")
+
+
+if __name__ == "__main__":
+    main()

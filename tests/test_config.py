@@ -1,0 +1,110 @@
+"""Config: unknown keys with suggestions, bad values, overrides, references."""
+
+from __future__ import annotations
+
+import typing
+
+import pytest
+
+from xdpx.config import ConfigError, Params, TrainConfig, load_params, non_defaults, stage_argv
+from xdpx.models import MODELS
+
+
+def write(tmp_path, text: str) -> str:
+    path = tmp_path / "params.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_defaults_load_without_file(tmp_path):
+    params = load_params(str(tmp_path / "missing.yaml"))
+    assert params == Params()
+
+
+def test_unknown_key_in_file_suggests_closest(tmp_path):
+    path = write(tmp_path, "train:\n  lerning_rate: 0.1\n")
+    with pytest.raises(ConfigError, match=r"unknown key train\.lerning_rate; did you mean 'learning_rate'\?"):
+        load_params(path)
+
+
+def test_unknown_section_suggests_closest(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown section 'trian'; did you mean 'train'"):
+        load_params(write(tmp_path, "trian:\n  seed: 1\n"))
+
+
+def test_unknown_override_key_suggests_closest(tmp_path):
+    with pytest.raises(ConfigError, match=r"train\.modle; did you mean 'model'"):
+        load_params(write(tmp_path, ""), ["train.modle=textcnn"])
+
+
+def test_bad_value_names_key_and_value(tmp_path):
+    with pytest.raises(ConfigError, match=r"invalid train\.learning_rate='fast'"):
+        load_params(write(tmp_path, ""), ["train.learning_rate=fast"])
+    with pytest.raises(ConfigError, match=r"invalid train\.model='gpt9'"):
+        load_params(write(tmp_path, ""), ["train.model=gpt9"])
+    with pytest.raises(ConfigError, match=r"invalid train\.batch_size=0"):
+        load_params(write(tmp_path, "train:\n  batch_size: 0\n"))
+
+
+def test_cross_field_rules(tmp_path):
+    with pytest.raises(ConfigError, match="ratios must be 3 positive fractions"):
+        load_params(write(tmp_path, ""), ["fetch.ratios=[0.5,0.5,0.5]"])
+    with pytest.raises(ConfigError, match="major_metric='f2'"):
+        load_params(write(tmp_path, ""), ["train.major_metric=f2"])
+    with pytest.raises(ConfigError, match="tokenizer=hf needs tokenizer_path"):
+        load_params(write(tmp_path, ""), ["prepro.tokenizer=hf"])
+
+
+def test_fp16_on_cpu_is_rejected_at_load(tmp_path):
+    with pytest.raises(ConfigError, match="fp16 needs a CUDA device"):
+        load_params(write(tmp_path, ""), ["train.precision=fp16", "train.device=cpu"])
+
+
+def test_overrides_parse_yaml_values(tmp_path):
+    params = load_params(
+        write(tmp_path, "train:\n  learning_rate: 0.1\n"),
+        ["train.learning_rate=3e-4", "train.filter_sizes=[2, 3]", "fetch.limit=null", "train.model=bilstm"],
+    )
+    assert params.train.learning_rate == pytest.approx(3e-4)
+    assert params.train.filter_sizes == [2, 3]
+    assert params.fetch.limit is None
+    assert params.train.model == "bilstm"
+
+
+def test_malformed_override():
+    with pytest.raises(ConfigError, match="must look like section.key=value"):
+        load_params("nope.yaml", ["train.learning_rate"])
+
+
+def test_references_resolve(tmp_path):
+    text = "train:\n  save_dir: runs/a\nevaluate:\n  checkpoint: ${train.save_dir}/<best>\n"
+    params = load_params(write(tmp_path, text))
+    assert params.evaluate.checkpoint == "runs/a/<best>"
+    with pytest.raises(ConfigError, match="unresolvable reference"):
+        load_params(write(tmp_path, "evaluate:\n  checkpoint: ${train.nope}\n"))
+
+
+def test_stage_argv_prefixes_bare_keys():
+    assert stage_argv("train", ["--params", "p.yaml", "seed=3", "fetch.limit=5"]) == (
+        "p.yaml",
+        ["train.seed=3", "fetch.limit=5"],
+    )
+    with pytest.raises(ConfigError, match="unexpected argument"):
+        stage_argv("train", ["oops"])
+
+
+def test_non_defaults_lists_only_changed_keys():
+    cfg = TrainConfig(learning_rate=0.01, seed=7)
+    assert non_defaults(cfg) == {"learning_rate": 0.01, "seed": 7}
+
+
+def test_models_dict_matches_literal():
+    assert set(typing.get_args(TrainConfig.model_fields["model"].annotation)) == set(MODELS)
+
+
+def test_repo_params_yaml_is_valid():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    params = load_params(str(root / "params.yaml"))
+    assert params.train.save_dir == "models/default"

@@ -1,0 +1,3 @@
+"""xdpx: a reproducible NLU training pipeline (DVC + Prefect + PyTorch)."""
+
+__version__ = "0.1.0"

