@@ -1,0 +1,243 @@
+"""Stage ``prepro``: raw files -> vocab, target map and Parquet shards of token ids.
+
+Outputs under ``prepro.data_dir`` (written to a temporary sibling and swapped in at the
+end, so a failure leaves the previous directory intact and nothing partial):
+
+* ``vocab.txt`` - one token per line, line i = id i (``[PAD]`` = 0, ``[UNK]`` = 1; for
+  ``tokenizer=hf`` the tokenizer's vocab in id order, informational);
+* ``target_map.txt`` - one label per line, line i = class index i;
+* ``meta.json`` - tokenizer, sizes, labels, per-split counts and the prepro config;
+* ``{split}/part-*.parquet`` - see :mod:`xdpx.data.shards`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sys
+from collections import Counter
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel
+from tqdm import tqdm
+
+from xdpx import io
+from xdpx.config import ConfigError, PreproConfig, load_params, stage_argv
+from xdpx.data import (
+    META_FILE,
+    TARGET_MAP_FILE,
+    VOCAB_FILE,
+    DataError,
+    Encoder,
+    HFTokenizer,
+    ReadResult,
+    TargetMap,
+    Vocab,
+    make_tokenizer,
+    read_examples,
+    write_split,
+)
+
+log = logging.getLogger("xdpx.prepro")
+
+#: Rows encoded per progress-bar update.
+_CHUNK = 2000
+
+
+class PreproResult(BaseModel):
+    """What prepro wrote.
+
+    Attributes:
+        data_dir: the output directory.
+        vocab_size: number of token ids.
+        num_labels: number of classes.
+        rows: split -> examples kept.
+        skipped: split -> malformed lines skipped.
+        paths: ``vocab``, ``target_map``, ``meta`` -> file path; ``shards/<split>`` -> shard paths.
+    """
+
+    data_dir: str
+    vocab_size: int
+    num_labels: int
+    rows: dict[str, int]
+    skipped: dict[str, int]
+    paths: dict[str, Any]
+
+
+def _read_splits(cfg: PreproConfig) -> tuple[dict[str, ReadResult], TargetMap]:
+    """Read train first (its labels define the target map), then the other splits."""
+    sources = {split: io.join(cfg.data_source, name) for split, name in cfg.data_files.items()}
+    fixed = TargetMap.load(cfg.target_map_file) if cfg.target_map_file else None
+    allowed = set(fixed.labels) if fixed else None
+    results: dict[str, ReadResult] = {}
+    results["train"] = read_examples(
+        sources["train"], cfg, require_label=True, allowed_labels=allowed
+    )
+    train = results["train"]
+    if not train.texts:
+        raise DataError(f"{sources['train']}: no usable examples in the train split")
+    assert train.labels is not None
+    target_map = fixed or TargetMap.build(train.labels, cfg.special_targets)
+    for split, path in sources.items():
+        if split != "train":
+            results[split] = read_examples(
+                path, cfg, require_label=False, allowed_labels=set(target_map.labels)
+            )
+    for split, r in results.items():
+        log.info("%s: %d rows read from %s, %d skipped", split, len(r), sources[split], r.skipped)
+    return results, target_map
+
+
+def _build_encoder(
+    cfg: PreproConfig, train: ReadResult, target_map: TargetMap
+) -> tuple[Encoder, list[str]]:
+    """The Encoder of this run and the vocab.txt lines (tokens in id order)."""
+    pair = cfg.text2_column is not None
+    try:
+        tokenizer = make_tokenizer(cfg.tokenizer, cfg.lower, cfg.tokenizer_path)
+    except ValueError as e:
+        raise ConfigError(f"prepro.tokenizer={cfg.tokenizer}: {e}") from None
+    if isinstance(tokenizer, HFTokenizer):
+        return Encoder(tokenizer, target_map, cfg.max_len, pair=pair), tokenizer.vocab_tokens()
+    if cfg.vocab_file:
+        vocab = Vocab.load(cfg.vocab_file)
+    else:
+        counts: Counter[str] = Counter()
+        for text in tqdm(
+            train.texts + (train.texts2 or []), desc="vocab", unit="text", leave=False
+        ):
+            counts.update(tokenizer.tokenize(text))
+        vocab = Vocab.build(counts, cfg.threshold, cfg.nwords)
+    return Encoder(tokenizer, target_map, cfg.max_len, vocab, pair=pair), vocab.tokens
+
+
+def _encode_split(
+    encoder: Encoder, split: str, data: ReadResult
+) -> tuple[list[np.ndarray], list[np.ndarray] | None, int, int]:
+    """Encode one split in chunks (with a progress bar).
+
+    Returns:
+        ``(input_ids, input_ids2, max_length_seen, truncated)``; lengths are before
+        truncation, ``truncated`` counts rows where any sequence exceeded ``max_len``.
+    """
+    ids: list[np.ndarray] = []
+    ids2: list[np.ndarray] | None = [] if encoder.pair_encoding == "separate" else None
+    max_seen, truncated = 0, 0
+    with tqdm(total=len(data.texts), desc=f"prepro {split}", unit="row") as bar:
+        for start in range(0, len(data.texts), _CHUNK):
+            stop = start + _CHUNK
+            texts2 = data.texts2[start:stop] if encoder.pair else None
+            a, b, full, full2 = encoder.encode_with_lengths(data.texts[start:stop], texts2)
+            ids.extend(a)
+            longest = list(full)
+            if ids2 is not None and b is not None and full2 is not None:
+                ids2.extend(b)
+                longest = [max(x, y) for x, y in zip(full, full2, strict=True)]
+            max_seen = max([max_seen, *longest])
+            truncated += sum(n > encoder.max_len for n in longest)
+            bar.update(len(a))
+    return ids, ids2, max_seen, truncated
+
+
+def run(cfg: PreproConfig) -> PreproResult:
+    """Prepare every split of ``cfg.data_files``; see the module docstring for the outputs.
+
+    Raises:
+        DataError: a missing file, a malformed line (``file:line: reason``) unless
+            ``cfg.skip_bad_lines``, a label outside ``cfg.target_map_file``, a bad vocab or
+            target-map file, or an empty train split.
+        ConfigError: the hf tokenizer cannot be loaded.
+    """
+    results, target_map = _read_splits(cfg)
+    encoder, vocab_lines = _build_encoder(cfg, results["train"], target_map)
+    log.info("vocab: %d ids; labels: %s", encoder.vocab_size, target_map.labels)
+
+    final = cfg.data_dir.rstrip("/")
+    tmp = io.tmp_sibling(final)
+    splits_meta: dict[str, dict[str, Any]] = {}
+    shard_paths: dict[str, list[str]] = {}
+    try:
+        io.makedirs(tmp)
+        io.write_text(io.join(tmp, VOCAB_FILE), "".join(f"{t}\n" for t in vocab_lines))
+        target_map.save(io.join(tmp, TARGET_MAP_FILE))
+        for split, data in results.items():
+            ids, ids2, max_seen, truncated = _encode_split(encoder, split, data)
+            labels = encoder.encode_labels(data.labels) if data.labels is not None else None
+            written = write_split(
+                tmp, split, np.arange(len(ids)), ids, labels, ids2, shard_size=cfg.shard_size
+            )
+            shard_paths[split] = [p.replace(tmp, final, 1) for p in written]
+            splits_meta[split] = {
+                "rows": len(ids),
+                "skipped": data.skipped,
+                "source": io.join(cfg.data_source, cfg.data_files[split]),
+                "max_length_seen": int(max_seen),
+                "truncated": int(truncated),
+                "has_labels": data.labels is not None,
+                "shards": len(written),
+                "bad_lines": data.bad_lines,
+            }
+            log.info(
+                "%s: %d rows, %d skipped, %d truncated to max_len=%d (longest %d)",
+                split,
+                len(ids),
+                data.skipped,
+                truncated,
+                cfg.max_len,
+                max_seen,
+            )
+        meta = {
+            "tokenizer": cfg.tokenizer,
+            "lower": cfg.lower,
+            "max_len": cfg.max_len,
+            "vocab_size": encoder.vocab_size,
+            "num_labels": encoder.num_labels,
+            "labels": encoder.labels,
+            "pad_id": encoder.pad_id,
+            "unk_id": encoder.unk_id,
+            "pair": encoder.pair_encoding == "separate",
+            "pair_encoding": encoder.pair_encoding,
+            "splits": splits_meta,
+            "prepro": cfg.model_dump(mode="json"),
+        }
+        io.write_text(
+            io.join(tmp, META_FILE), json.dumps(meta, indent=2, ensure_ascii=False) + "\n"
+        )
+        io.replace_dir(tmp, final)
+    except BaseException:
+        with contextlib.suppress(Exception):  # keep the original error
+            io.rm(tmp, recursive=True)
+        raise
+    return PreproResult(
+        data_dir=final,
+        vocab_size=encoder.vocab_size,
+        num_labels=encoder.num_labels,
+        rows={s: m["rows"] for s, m in splits_meta.items()},
+        skipped={s: m["skipped"] for s, m in splits_meta.items()},
+        paths={
+            "vocab": io.join(final, VOCAB_FILE),
+            "target_map": io.join(final, TARGET_MAP_FILE),
+            "meta": io.join(final, META_FILE),
+            "shards": shard_paths,
+        },
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m stages.prepro [--params params.yaml] [prepro.key=value ...]``."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        params, overrides = stage_argv("prepro", sys.argv[1:] if argv is None else argv)
+        result = run(load_params(params, overrides).prepro)
+    except (ConfigError, DataError) as e:
+        sys.exit(f"error: {e}")
+    print(
+        f"prepared {result.rows} rows (skipped {result.skipped}) -> {result.data_dir} "
+        f"(vocab_size={result.vocab_size}, num_labels={result.num_labels})"
+    )
+
+
+if __name__ == "__main__":
+    main()

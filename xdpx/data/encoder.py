@@ -1,0 +1,275 @@
+"""Raw text -> token ids, exactly as prepro encoded the training data.
+
+Prepro encodes every split through :class:`Encoder`, and predict / serve rebuild the same
+Encoder with :meth:`Encoder.from_dir` from the three files prepro writes (and a checkpoint
+copies): ``meta.json``, ``vocab.txt``, ``target_map.txt``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from xdpx import io
+from xdpx.data.readers import DataError
+from xdpx.data.tokenizers import CharTokenizer, HFTokenizer, WhitespaceTokenizer, make_tokenizer
+from xdpx.data.vocab import TargetMap, Vocab
+
+__all__ = [
+    "Encoder",
+    "META_FILE",
+    "VOCAB_FILE",
+    "TARGET_MAP_FILE",
+    "ENCODER_FILES",
+]
+
+META_FILE = "meta.json"
+VOCAB_FILE = "vocab.txt"
+TARGET_MAP_FILE = "target_map.txt"
+#: The files a directory needs for :meth:`Encoder.from_dir` (copy them into a checkpoint).
+ENCODER_FILES = (META_FILE, VOCAB_FILE, TARGET_MAP_FILE)
+
+
+class Encoder:
+    """Tokenize, lower-case (char/whitespace), look up ids, truncate to ``max_len``.
+
+    Every sequence has at least one id: an empty result becomes ``[unk_id]``.
+
+    Pair tasks: with ``char``/``whitespace`` each text is encoded on its own
+    (``pair_encoding == "separate"``: ``input_ids`` and ``input_ids2``, each ``<= max_len``);
+    with ``hf`` the two texts go through the tokenizer's text-pair API into one sequence
+    (``pair_encoding == "joint"``: ``input_ids`` only, ``<= max_len`` in total).
+
+    Args:
+        tokenizer: a :data:`~xdpx.data.tokenizers.TOKENIZERS` instance.
+        target_map: the labels.
+        max_len: maximum ids per sequence.
+        vocab: token vocabulary (required for char/whitespace, ignored for hf).
+        pair: the task has a second text.
+        meta: the ``meta.json`` content this encoder was built from (informational).
+
+    Raises:
+        ValueError: ``vocab`` missing for a char/whitespace tokenizer, or ``max_len < 1``.
+    """
+
+    def __init__(
+        self,
+        tokenizer: CharTokenizer | WhitespaceTokenizer | HFTokenizer,
+        target_map: TargetMap,
+        max_len: int,
+        vocab: Vocab | None = None,
+        pair: bool = False,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        if max_len < 1:
+            raise ValueError(f"max_len must be >= 1, got {max_len}")
+        self.is_hf = isinstance(tokenizer, HFTokenizer)
+        if not self.is_hf and vocab is None:
+            raise ValueError(f"tokenizer {tokenizer.name!r} needs a vocab")
+        self.tokenizer = tokenizer
+        self.vocab = None if self.is_hf else vocab
+        self.target_map = target_map
+        self.max_len = max_len
+        self.pair = pair
+        self.meta = meta or {}
+
+    # ----------------------------------------------------------------- properties
+    @property
+    def pair_encoding(self) -> str | None:
+        """None (single text), ``"separate"`` (input_ids + input_ids2) or ``"joint"`` (hf)."""
+        if not self.pair:
+            return None
+        return "joint" if self.is_hf else "separate"
+
+    @property
+    def labels(self) -> list[str]:
+        """Label strings in class-index order."""
+        return list(self.target_map.labels)
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.target_map)
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids (embedding rows)."""
+        if self.is_hf:
+            assert isinstance(self.tokenizer, HFTokenizer)
+            return self.tokenizer.vocab_size
+        assert self.vocab is not None
+        return len(self.vocab)
+
+    @property
+    def pad_id(self) -> int:
+        if self.is_hf:
+            assert isinstance(self.tokenizer, HFTokenizer)
+            return self.tokenizer.pad_id
+        return Vocab.pad_id
+
+    @property
+    def unk_id(self) -> int:
+        if self.is_hf:
+            assert isinstance(self.tokenizer, HFTokenizer)
+            return self.tokenizer.unk_id
+        return Vocab.unk_id
+
+    # ------------------------------------------------------------------- encoding
+    def tokenize(self, text: str) -> list[str]:
+        """Token strings of one text (before id lookup and truncation)."""
+        return self.tokenizer.tokenize(text)
+
+    def encode_one(self, text: str, text2: str | None = None) -> tuple[np.ndarray, int]:
+        """Ids of one text (or one joint hf pair) and its length before truncation.
+
+        Returns:
+            ``(ids, full_length)``: ``ids`` int64 ``[<= max_len]`` (at least 1 id);
+            ``full_length`` is the number of ids before truncation.
+        """
+        if self.is_hf:
+            assert isinstance(self.tokenizer, HFTokenizer)
+            ids = self.tokenizer.encode(text, text2)
+            full = len(ids)
+            if full > self.max_len:  # re-encode so the closing special tokens survive
+                ids = self.tokenizer.encode(text, text2, max_len=self.max_len)
+        else:
+            if text2 is not None:
+                raise ValueError("joint pair encoding needs tokenizer=hf; encode texts separately")
+            assert self.vocab is not None
+            ids = self.vocab.encode(self.tokenizer.tokenize(text))
+            full = len(ids)
+            ids = ids[: self.max_len]
+        if not ids:
+            ids = [self.unk_id]
+        return np.asarray(ids, dtype=np.int64), full
+
+    def encode(self, texts: Sequence[str], texts2: Sequence[str] | None = None) -> list[np.ndarray]:
+        """Encode a batch of texts into ``input_ids``.
+
+        Args:
+            texts: ``[n]`` raw texts.
+            texts2: ``[n]`` second texts; only for ``pair_encoding == "joint"`` (hf).
+                For separately encoded pairs use :meth:`encode_inputs`.
+
+        Returns:
+            ``n`` int64 arrays of length ``1 .. max_len``.
+
+        Raises:
+            ValueError: ``texts2`` given for a char/whitespace encoder, or length mismatch.
+        """
+        if texts2 is not None:
+            if not self.is_hf:
+                raise ValueError(
+                    "this encoder encodes pairs separately; use encode_inputs(texts, texts2)"
+                )
+            if len(texts2) != len(texts):
+                raise ValueError(
+                    f"texts ({len(texts)}) and texts2 ({len(texts2)}) differ in length"
+                )
+            return [self.encode_one(a, b)[0] for a, b in zip(texts, texts2, strict=True)]
+        return [self.encode_one(t)[0] for t in texts]
+
+    def encode_inputs(
+        self, texts: Sequence[str], texts2: Sequence[str] | None = None
+    ) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+        """Encode a batch into the model inputs exactly as stored in the shards.
+
+        Args:
+            texts: ``[n]`` raw texts.
+            texts2: ``[n]`` second texts of a pair task (required when ``pair``).
+
+        Returns:
+            ``(input_ids, input_ids2)``: ``input_ids2`` is None unless
+            ``pair_encoding == "separate"``.
+
+        Raises:
+            ValueError: ``texts2`` missing for a pair encoder / given for a single-text one,
+                or the lengths differ.
+        """
+        ids, ids2, _, _ = self.encode_with_lengths(texts, texts2)
+        return ids, ids2
+
+    def encode_with_lengths(
+        self, texts: Sequence[str], texts2: Sequence[str] | None = None
+    ) -> tuple[list[np.ndarray], list[np.ndarray] | None, list[int], list[int] | None]:
+        """:meth:`encode_inputs` plus the untruncated lengths (for prepro statistics).
+
+        Returns:
+            ``(input_ids, input_ids2, full_lengths, full_lengths2)``.
+        """
+        if self.pair and texts2 is None:
+            raise ValueError("this is a pair encoder: texts2 is required")
+        if not self.pair and texts2 is not None:
+            raise ValueError("this encoder is for single texts: texts2 must be None")
+        if texts2 is not None and len(texts2) != len(texts):
+            raise ValueError(f"texts ({len(texts)}) and texts2 ({len(texts2)}) differ in length")
+        if texts2 is not None and self.is_hf:
+            out = [self.encode_one(a, b) for a, b in zip(texts, texts2, strict=True)]
+            return [o[0] for o in out], None, [o[1] for o in out], None
+        out = [self.encode_one(t) for t in texts]
+        ids, full = [o[0] for o in out], [o[1] for o in out]
+        if texts2 is None:
+            return ids, None, full, None
+        out2 = [self.encode_one(t) for t in texts2]
+        return ids, [o[0] for o in out2], full, [o[1] for o in out2]
+
+    def encode_labels(self, labels: Sequence[str]) -> np.ndarray:
+        """``[n]`` int64 class indices.
+
+        Raises:
+            KeyError: a label not in the target map.
+        """
+        return np.asarray(self.target_map.encode(labels), dtype=np.int64)
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_dir(cls, path: str) -> Encoder:
+        """Rebuild the encoder from ``meta.json``, ``vocab.txt`` and ``target_map.txt``.
+
+        Args:
+            path: the prepared data dir, or a checkpoint dir holding copies of the three
+                files (local or fsspec URL). For ``hf`` the tokenizer is loaded from
+                ``meta["prepro"]["tokenizer_path"]``.
+
+        Raises:
+            DataError: a file is missing or inconsistent with ``meta.json``.
+            ValueError: the hf tokenizer cannot be loaded.
+        """
+        meta_path = io.join(path, META_FILE)
+        if not io.isfile(meta_path):
+            raise DataError(f"{meta_path}: not found (is {path!r} a prepared data/checkpoint dir?)")
+        try:
+            meta = json.loads(io.read_text(meta_path))
+        except json.JSONDecodeError as e:
+            raise DataError(f"{meta_path}: not valid JSON ({e})") from None
+        for key in ("tokenizer", "lower", "max_len", "vocab_size", "num_labels"):
+            if key not in meta:
+                raise DataError(f"{meta_path}: missing key {key!r}")
+        target_map = TargetMap.load(io.join(path, TARGET_MAP_FILE))
+        if len(target_map) != meta["num_labels"]:
+            raise DataError(
+                f"{io.join(path, TARGET_MAP_FILE)}: {len(target_map)} labels, "
+                f"meta.json says num_labels={meta['num_labels']}"
+            )
+        pair = bool((meta.get("prepro") or {}).get("text2_column"))
+        vocab = None
+        if meta["tokenizer"] == "hf":
+            tok_path = (meta.get("prepro") or {}).get("tokenizer_path")
+            tokenizer = make_tokenizer("hf", meta["lower"], tok_path)
+        else:
+            vocab = Vocab.load(io.join(path, VOCAB_FILE))
+            tokenizer = make_tokenizer(meta["tokenizer"], meta["lower"])
+        enc = cls(tokenizer, target_map, int(meta["max_len"]), vocab, pair=pair, meta=meta)
+        if enc.vocab_size != meta["vocab_size"]:
+            raise DataError(
+                f"{path}: vocab has {enc.vocab_size} ids, meta.json says vocab_size={meta['vocab_size']}"
+            )
+        return enc
+
+    def __repr__(self) -> str:
+        return (
+            f"Encoder(tokenizer={self.tokenizer.name!r}, max_len={self.max_len}, "
+            f"vocab_size={self.vocab_size}, num_labels={self.num_labels}, pair={self.pair})"
+        )

@@ -1,0 +1,358 @@
+"""Read raw tsv / csv / jsonl files into texts, labels and the original rows.
+
+Every malformed line raises :class:`DataError` with ``"{path}:{line}: {reason}"``
+(1-based physical line number, the reason names the offending field), unless
+``cfg.skip_bad_lines`` is set, in which case it is skipped and counted.
+Completely empty lines (nothing but the line break) are ignored everywhere.
+"""
+
+from __future__ import annotations
+
+import csv
+import io as _pyio
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from xdpx import io
+from xdpx.config import PreproConfig
+
+__all__ = ["DataError", "ReadResult", "read_examples", "MAX_BAD_LINES"]
+
+logger = logging.getLogger(__name__)
+
+#: How many skipped-line reasons :class:`ReadResult` keeps in ``bad_lines``.
+MAX_BAD_LINES = 10
+
+
+class DataError(ValueError):
+    """A problem with input data: missing file, malformed line, unknown label.
+
+    The message names the file and, for a line problem, its 1-based line number
+    and the field: ``"data/raw/train.tsv:17: empty text (column 'text')"``.
+    """
+
+
+@dataclass
+class ReadResult:
+    """The kept examples of one raw file, in file order.
+
+    Attributes:
+        rows: original columns of each kept line (column name -> raw string value).
+        columns: column names (header, the configured names, or the JSON keys seen).
+        texts: ``[n]`` first text of each kept line (whitespace-stripped).
+        texts2: ``[n]`` second text for pair tasks (``cfg.text2_column``), else None.
+        labels: ``[n]`` label strings (stripped), or None when the file has no label column
+            (only possible with ``require_label=False``).
+        line_numbers: ``[n]`` 1-based physical line number of each kept example.
+        skipped: number of malformed lines skipped (``cfg.skip_bad_lines``).
+        bad_lines: the first :data:`MAX_BAD_LINES` skip reasons (``"path:line: reason"``).
+    """
+
+    rows: list[dict[str, str]] = field(default_factory=list)
+    columns: list[str] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    texts2: list[str] | None = None
+    labels: list[str] | None = None
+    line_numbers: list[int] = field(default_factory=list)
+    skipped: int = 0
+    bad_lines: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+class _LineError(Exception):
+    """Internal: a malformed line; converted to DataError or skipped by the caller."""
+
+
+class _Collector:
+    """Validates one record (column -> value) and appends it to a ReadResult."""
+
+    def __init__(
+        self,
+        path: str,
+        cfg: PreproConfig,
+        result: ReadResult,
+        has_label: bool,
+        require_label: bool,
+        allowed_labels: set[str] | None,
+    ) -> None:
+        self.path = path
+        self.cfg = cfg
+        self.result = result
+        self.has_label = has_label
+        self.require_label = require_label
+        self.allowed_labels = allowed_labels
+        if cfg.text2_column:
+            result.texts2 = []
+        if has_label:
+            result.labels = []
+
+    def add(self, line: int, record: dict[str, Any], raw: dict[str, str]) -> None:
+        cfg = self.cfg
+        text = self._text(record, cfg.text_column, "text")
+        text2 = self._text(record, cfg.text2_column, "text") if cfg.text2_column else None
+        label = None
+        if self.has_label:
+            value = record.get(cfg.label_column)
+            if value is None:
+                raise _LineError(f"missing label (column {cfg.label_column!r})")
+            label = _as_str(value, cfg.label_column).strip()
+            if not label:
+                raise _LineError(f"empty label (column {cfg.label_column!r})")
+            if self.allowed_labels is not None and label not in self.allowed_labels:
+                known = sorted(self.allowed_labels)
+                shown = known if len(known) <= 20 else known[:20] + ["..."]
+                raise _LineError(
+                    f"label {label!r} (column {cfg.label_column!r}) is not in the target map {shown}"
+                )
+        r = self.result
+        r.rows.append(raw)
+        r.texts.append(text)
+        if r.texts2 is not None:
+            r.texts2.append(text2 or "")
+        if r.labels is not None:
+            r.labels.append(label or "")
+        r.line_numbers.append(line)
+
+    @staticmethod
+    def _text(record: dict[str, Any], column: str | None, what: str) -> str:
+        value = record.get(column) if column else None
+        if value is None:
+            raise _LineError(f"missing {what} (column {column!r})")
+        text = _as_str(value, column).strip()
+        if not text:
+            raise _LineError(f"empty {what} (column {column!r})")
+        return text
+
+
+def _as_str(value: Any, column: str | None) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (dict, list)):
+        raise _LineError(f"column {column!r} must be a string, got {type(value).__name__}")
+    return str(value)
+
+
+def _open_lines(path: str) -> Iterator[str]:
+    """Yield the lines of a utf-8 file (BOM dropped) with their line endings kept."""
+    with io.open(path, "rb") as raw:
+        text = _pyio.TextIOWrapper(raw, encoding="utf-8-sig", newline="")
+        try:
+            yield from text
+        except UnicodeDecodeError as e:
+            raise DataError(f"{path}: not valid UTF-8 ({e})") from None
+
+
+def _strip_eol(line: str) -> str:
+    return line.rstrip("\r\n")
+
+
+def _check_header(path: str, header: list[str], cfg: PreproConfig, require_label: bool) -> bool:
+    """Validate a header row; return whether it has the label column.
+
+    Raises:
+        DataError: duplicate column, or a configured column missing from the header.
+    """
+    seen: set[str] = set()
+    for name in header:
+        if name in seen:
+            raise DataError(f"{path}:1: duplicate column {name!r} in header {header}")
+        seen.add(name)
+    needed = [("text_column", cfg.text_column)]
+    if cfg.text2_column:
+        needed.append(("text2_column", cfg.text2_column))
+    if require_label:
+        needed.append(("label_column", cfg.label_column))
+    for key, col in needed:
+        if col not in seen:
+            raise DataError(
+                f"{path}:1: header has no column {col!r} (prepro.{key}); columns found: {header}"
+            )
+    return cfg.label_column in seen
+
+
+def _default_columns(cfg: PreproConfig, with_label: bool) -> list[str]:
+    cols = [cfg.text_column] + ([cfg.text2_column] if cfg.text2_column else [])
+    return cols + [cfg.label_column] if with_label else cols
+
+
+def _delimited_records(path: str, cfg: PreproConfig) -> Iterator[tuple[int, list[str] | None, str]]:
+    """Yield ``(line, fields, error)`` for each non-empty tsv/csv record.
+
+    ``fields`` is None when the record could not be parsed (``error`` says why).
+    """
+    lines = _open_lines(path)
+    if cfg.format == "tsv":
+        for i, line in enumerate(lines, start=1):
+            line = _strip_eol(line)
+            if line:
+                yield i, line.split("\t"), ""
+        return
+    # csv: records may span lines (quoted newlines); report the record's first line.
+    reader = csv.reader(lines)
+    last = 0
+    while True:
+        try:
+            fields = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            start, last = last + 1, reader.line_num
+            yield start, None, f"malformed csv ({e})"
+            continue
+        start, last = last + 1, reader.line_num
+        if fields:
+            yield start, fields, ""
+
+
+def _read_delimited(
+    path: str,
+    cfg: PreproConfig,
+    require_label: bool,
+    allowed_labels: set[str] | None,
+    result: ReadResult,
+    on_bad: Any,
+) -> None:
+    kind = "tab-separated" if cfg.format == "tsv" else "comma-separated"
+    records = _delimited_records(path, cfg)
+    collector: _Collector | None = None
+    columns: list[str] | None = None
+    if cfg.header:
+        first = next(records, None)
+        if first is None:
+            raise DataError(f"{path}: empty file, expected a header row (prepro.header=true)")
+        _, header, error = first
+        if header is None:
+            raise DataError(f"{path}:1: bad header row: {error}")
+        header = [h.strip() for h in header]
+        has_label = _check_header(path, header, cfg, require_label)
+        columns = header
+        collector = _Collector(path, cfg, result, has_label, require_label, allowed_labels)
+    for line, fields, error in records:
+        try:
+            if fields is None:
+                raise _LineError(error)
+            if columns is None:  # no header: text[,text2][,label]; the first line decides
+                n_text = 2 if cfg.text2_column else 1
+                allowed = (n_text + 1,) if require_label else (n_text, n_text + 1)
+                if len(fields) not in allowed:
+                    want = " or ".join(str(n) for n in allowed)
+                    raise _LineError(
+                        f"expected {want} {kind} columns "
+                        f"({', '.join(_default_columns(cfg, True))}), got {len(fields)}"
+                    )
+                columns = _default_columns(cfg, len(fields) == n_text + 1)
+                collector = _Collector(
+                    path, cfg, result, len(fields) == n_text + 1, require_label, allowed_labels
+                )
+            if len(fields) != len(columns):
+                raise _LineError(
+                    f"expected {len(columns)} {kind} columns ({', '.join(columns)}), "
+                    f"got {len(fields)}"
+                )
+            record = dict(zip(columns, fields, strict=True))
+            assert collector is not None
+            collector.add(line, record, record)
+        except _LineError as e:
+            on_bad(line, str(e))
+    result.columns = list(columns or _default_columns(cfg, require_label))
+
+
+def _read_jsonl(
+    path: str,
+    cfg: PreproConfig,
+    require_label: bool,
+    allowed_labels: set[str] | None,
+    result: ReadResult,
+    on_bad: Any,
+) -> None:
+    collector: _Collector | None = None
+    columns: dict[str, None] = {}
+    for line, text in enumerate(_open_lines(path), start=1):
+        text = _strip_eol(text)
+        if not text.strip():
+            continue
+        try:
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise _LineError(f"invalid JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(obj, dict):
+                raise _LineError(f"expected a JSON object, got {type(obj).__name__}")
+            for key in (cfg.text_column, cfg.text2_column):
+                if key and key not in obj:
+                    raise _LineError(f"missing key {key!r}; keys found: {list(obj)}")
+            if collector is None:  # the first object decides whether labels are present
+                has_label = require_label or cfg.label_column in obj
+                collector = _Collector(path, cfg, result, has_label, require_label, allowed_labels)
+            if collector.has_label and cfg.label_column not in obj:
+                raise _LineError(f"missing key {cfg.label_column!r}; keys found: {list(obj)}")
+            raw = {
+                k: v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+                for k, v in obj.items()
+            }
+            collector.add(line, obj, raw)
+            columns.update(dict.fromkeys(obj))
+        except _LineError as e:
+            on_bad(line, str(e))
+    result.columns = list(columns) or _default_columns(cfg, require_label)
+
+
+def read_examples(
+    path: str,
+    cfg: PreproConfig,
+    require_label: bool = True,
+    allowed_labels: set[str] | None = None,
+) -> ReadResult:
+    """Read one raw file in ``cfg.format`` (tsv, csv or jsonl).
+
+    tsv is split on tabs with no quoting (texts may contain ``"``); csv uses the
+    standard csv quoting; jsonl has one JSON object per line with the keys
+    ``cfg.text_column`` / ``cfg.text2_column`` / ``cfg.label_column``. Without
+    ``cfg.header`` the tsv/csv columns are ``text[, text2], label``.
+
+    Args:
+        path: local path or fsspec URL of the file (utf-8, optional BOM).
+        cfg: the prepro section (format, header, column names, skip_bad_lines).
+        require_label: every line must have a non-empty label. With False the label
+            column is optional: when the file has one (header column, first JSON object's
+            key, or the first line's column count without header) every line must fill
+            it; otherwise ``labels`` is None.
+        allowed_labels: when given, a label outside this set is a malformed line.
+
+    Returns:
+        The kept examples (see :class:`ReadResult`).
+
+    Raises:
+        DataError: missing file, not utf-8, empty file or header without a configured
+            column (always fatal); a malformed line (``"path:line: reason"``) unless
+            ``cfg.skip_bad_lines``.
+    """
+    if not io.isfile(path):
+        raise DataError(f"{path}: file not found")
+    result = ReadResult()
+
+    def on_bad(line: int, reason: str) -> None:
+        msg = f"{path}:{line}: {reason}"
+        if not cfg.skip_bad_lines:
+            raise DataError(msg)
+        result.skipped += 1
+        if len(result.bad_lines) < MAX_BAD_LINES:
+            result.bad_lines.append(msg)
+            logger.warning("skipping bad line %s", msg)
+
+    if cfg.format == "jsonl":
+        _read_jsonl(path, cfg, require_label, allowed_labels, result, on_bad)
+    else:
+        _read_delimited(path, cfg, require_label, allowed_labels, result, on_bad)
+    if result.texts2 is None and cfg.text2_column:
+        result.texts2 = []
+    if result.labels is None and require_label:
+        result.labels = []
+    if result.skipped > len(result.bad_lines):
+        logger.warning("%s: skipped %d bad lines in all", path, result.skipped)
+    return result

@@ -1,0 +1,189 @@
+"""Parquet shards of token ids: ``{data_dir}/{split}/part-00000.parquet``, ...
+
+Columns: ``id`` int64 (0-based index of the example among the kept rows of its source
+file), ``input_ids`` list<int32>, ``length`` int32, ``label`` int32 (-1 = unlabelled) and,
+for pair tasks encoded separately, ``input_ids2`` list<int32> and ``length2`` int32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from xdpx import io
+from xdpx.data.readers import DataError
+
+__all__ = ["SplitData", "shard_path", "write_split", "load_split", "list_splits", "NO_LABEL"]
+
+#: ``label`` value of an example without a label.
+NO_LABEL = -1
+
+_IDS = pa.list_(pa.int32())
+
+
+def shard_path(data_dir: str, split: str, index: int) -> str:
+    """``{data_dir}/{split}/part-{index:05d}.parquet``."""
+    return io.join(data_dir, split, f"part-{index:05d}.parquet")
+
+
+@dataclass
+class SplitData:
+    """One split loaded into memory.
+
+    Attributes:
+        ids: ``[n]`` int64 sample ids (0-based row index in the source file's kept rows).
+        input_ids: ``n`` int64 arrays of variable length (``<= max_len``).
+        labels: ``[n]`` int64 class indices, -1 where unlabelled.
+        input_ids2: second-text ids of a separately encoded pair task, else None.
+    """
+
+    ids: np.ndarray
+    input_ids: list[np.ndarray]
+    labels: np.ndarray
+    input_ids2: list[np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """``[n]`` int64 length of each ``input_ids`` row."""
+        return np.array([len(x) for x in self.input_ids], dtype=np.int64)
+
+    @property
+    def has_labels(self) -> bool:
+        """True when every example has a label."""
+        return bool(len(self.labels)) and bool((self.labels >= 0).all())
+
+
+def _list_array(seqs: Sequence[Sequence[int]]) -> pa.Array:
+    lengths = np.fromiter((len(s) for s in seqs), dtype=np.int32, count=len(seqs))
+    offsets = np.zeros(len(seqs) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = (
+        np.concatenate([np.asarray(s, dtype=np.int32) for s in seqs])
+        if len(seqs)
+        else np.zeros(0, dtype=np.int32)
+    )
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, type=pa.int32()))
+
+
+def _schema(pair: bool) -> pa.Schema:
+    fields = [
+        ("id", pa.int64()),
+        ("input_ids", _IDS),
+        ("length", pa.int32()),
+        ("label", pa.int32()),
+    ]
+    if pair:
+        fields += [("input_ids2", _IDS), ("length2", pa.int32())]
+    return pa.schema(fields)
+
+
+def write_split(
+    data_dir: str,
+    split: str,
+    ids: Sequence[int] | np.ndarray,
+    input_ids: Sequence[Sequence[int]],
+    labels: Sequence[int] | np.ndarray | None,
+    input_ids2: Sequence[Sequence[int]] | None = None,
+    shard_size: int = 50_000,
+) -> list[str]:
+    """Write one split as Parquet shards of ``shard_size`` rows, each atomically.
+
+    An empty split still gets one (empty) shard, so its schema is recorded.
+
+    Args:
+        data_dir: output directory (local or fsspec URL).
+        split: split name (sub-directory).
+        ids: ``[n]`` sample ids.
+        input_ids: ``n`` id sequences.
+        labels: ``[n]`` class indices, or None for an unlabelled split (stored as -1).
+        input_ids2: ``n`` second-text id sequences for separately encoded pairs.
+        shard_size: rows per shard (>= 1).
+
+    Returns:
+        The written shard paths, in order.
+
+    Raises:
+        ValueError: mismatched lengths or ``shard_size < 1``.
+    """
+    n = len(input_ids)
+    if shard_size < 1:
+        raise ValueError(f"shard_size must be >= 1, got {shard_size}")
+    if len(ids) != n or (labels is not None and len(labels) != n):
+        raise ValueError("ids, input_ids and labels must have the same length")
+    if input_ids2 is not None and len(input_ids2) != n:
+        raise ValueError("input_ids2 must have the same length as input_ids")
+    ids_arr = np.asarray(ids, dtype=np.int64)
+    label_arr = (
+        np.full(n, NO_LABEL, dtype=np.int32)
+        if labels is None
+        else np.asarray(labels, dtype=np.int32)
+    )
+    schema = _schema(input_ids2 is not None)
+    paths: list[str] = []
+    for k, start in enumerate(range(0, max(n, 1), shard_size)):
+        stop = min(start + shard_size, n)
+        seqs = input_ids[start:stop]
+        cols = [
+            pa.array(ids_arr[start:stop], type=pa.int64()),
+            _list_array(seqs),
+            pa.array(np.array([len(s) for s in seqs], dtype=np.int32), type=pa.int32()),
+            pa.array(label_arr[start:stop], type=pa.int32()),
+        ]
+        if input_ids2 is not None:
+            seqs2 = input_ids2[start:stop]
+            cols += [
+                _list_array(seqs2),
+                pa.array(np.array([len(s) for s in seqs2], dtype=np.int32), type=pa.int32()),
+            ]
+        table = pa.Table.from_arrays(cols, schema=schema)
+        path = shard_path(data_dir, split, k)
+        with io.open_atomic(path, "wb") as f:
+            pq.write_table(table, f)
+        paths.append(path)
+    return paths
+
+
+def list_splits(data_dir: str) -> list[str]:
+    """Names of the splits that have shards under ``data_dir`` (sorted)."""
+    hits = io.glob(io.join(data_dir, "*", "part-*.parquet"))
+    return sorted({h.rstrip("/").rsplit("/", 2)[-2] for h in hits})
+
+
+def _to_arrays(col: pa.ChunkedArray) -> list[np.ndarray]:
+    arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    offsets = arr.offsets.to_numpy()
+    values = arr.values.to_numpy(zero_copy_only=False).astype(np.int64)
+    values = values[offsets[0] : offsets[-1]]
+    return np.split(values, offsets[1:-1] - offsets[0]) if len(arr) else []
+
+
+def load_split(data_dir: str, split: str) -> SplitData:
+    """Read all shards of ``split`` (in order) into memory.
+
+    Raises:
+        DataError: the split has no shards (names the splits that exist).
+    """
+    paths = io.glob(io.join(data_dir, split, "part-*.parquet"))
+    if not paths:
+        raise DataError(
+            f"{data_dir}: no prepared split {split!r} (found: {list_splits(data_dir) or 'none'})"
+        )
+    tables = []
+    for path in paths:
+        with io.open(path, "rb") as f:
+            tables.append(pq.read_table(f))
+    table = pa.concat_tables(tables)
+    pair = "input_ids2" in table.column_names
+    return SplitData(
+        ids=table.column("id").to_numpy().astype(np.int64),
+        input_ids=_to_arrays(table.column("input_ids")),
+        labels=table.column("label").to_numpy().astype(np.int64),
+        input_ids2=_to_arrays(table.column("input_ids2")) if pair else None,
+    )
