@@ -1,0 +1,233 @@
+"""Stage ``export``: ONNX model + onnxruntime parity check + latency report.
+
+Procedure for an :class:`~xdpx.config.ExportConfig`:
+
+1. load ``checkpoint`` (``<run>/<best>`` / ``<run>/<last>`` aliases allowed);
+2. take the first ``num_samples`` sequences of split ``split`` of ``data_dir``;
+3. export the model (opset ``opset``, dynamic batch and sequence axes) to a
+   local staging file and validate it with ``onnx.checker``;
+4. compare onnxruntime logits with eager PyTorch logits on batches of mixed
+   sizes and widths; a max abs difference above ``atol`` fails the stage with
+   :class:`~xdpx.export.ExportParityError`. Nothing claiming success is left in
+   ``out_dir`` then: the staged file is discarded and a ``model.onnx`` /
+   ``report.json`` from an earlier run is removed (DVC removes a stage's outputs
+   before running it, too);
+5. time eager vs onnxruntime at batch 1 and 64 (median ms per batch);
+6. write into ``out_dir``: ``model.onnx``, the checkpoint's ``vocab.txt``,
+   ``target_map.txt`` and ``meta.json`` (so the directory alone is enough to
+   serve), and ``report.json`` last (its presence marks a finished export).
+
+Every file is written atomically through :mod:`xdpx.io`; only the files named
+above are touched, so ``out_dir`` may be shared with other outputs.
+
+Usage::
+
+    python -m stages.export [--params params.yaml] [export.key=value ...]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import sys
+import tempfile
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime
+import torch
+from pydantic import BaseModel, Field
+
+from xdpx import io
+from xdpx.checkpoint import ASSETS, load_checkpoint
+from xdpx.config import ExportConfig, load_params, stage_argv
+from xdpx.data import load_split
+from xdpx.export import (
+    DYNAMIC_AXES,
+    INPUT_NAME,
+    OUTPUT_NAME,
+    ExportParityError,
+    build_example,
+    check_parity,
+    export_onnx,
+    measure_latency,
+)
+
+__all__ = ["ExportResult", "load_samples", "run", "main"]
+
+logger = logging.getLogger("xdpx.export")
+
+ONNX_NAME = "model.onnx"
+REPORT_NAME = "report.json"
+
+
+class ExportResult(BaseModel):
+    """What :func:`run` wrote and measured.
+
+    Attributes:
+        onnx_path: the exported ``model.onnx``.
+        report_path: the ``report.json`` beside it.
+        checkpoint: resolved checkpoint directory the model came from.
+        parity: :func:`xdpx.export.check_parity` numbers (``max_abs_diff``,
+            ``mean_abs_diff``, ``num_samples``, ``argmax_agreement``, ``atol``).
+        latency: :func:`xdpx.export.measure_latency` result (median ms per batch).
+    """
+
+    onnx_path: str
+    report_path: str
+    checkpoint: str
+    parity: dict[str, Any] = Field(description="onnxruntime vs eager logit differences.")
+    latency: dict[str, Any] = Field(description="Median ms per batch, eager vs onnxruntime.")
+
+
+def load_samples(data_dir: str, split: str, limit: int) -> list[np.ndarray]:
+    """The first ``limit`` token id sequences of a prepared split.
+
+    Args:
+        data_dir: prepared data directory (local path or fsspec URL).
+        split: split name, e.g. ``"test"``.
+        limit: number of sequences wanted (fewer are returned if the split is smaller).
+
+    Returns:
+        Up to ``limit`` int64 arrays, in split order.
+
+    Raises:
+        FileNotFoundError: the split does not exist.
+        ValueError: the split is empty.
+    """
+    data = load_split(data_dir, split)
+    seqs = [np.asarray(s, dtype=np.int64) for s in data.input_ids[:limit]]
+    if not seqs:
+        raise ValueError(f"split {split!r} of {data_dir} has no samples to check parity on")
+    return seqs
+
+
+def _versions() -> dict[str, str]:
+    return {
+        "torch": torch.__version__,
+        "onnx": onnx.__version__,
+        "onnxruntime": onnxruntime.__version__,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def _remove_stale(out_dir: str) -> None:
+    """Remove a previous run's report and model so nothing in ``out_dir`` claims success."""
+    for name in (REPORT_NAME, ONNX_NAME):
+        path = io.join(out_dir, name)
+        if io.exists(path):
+            logger.warning("removing stale %s", path)
+            io.rm(path)
+
+
+def run(cfg: ExportConfig) -> ExportResult:
+    """Export ``cfg.checkpoint`` to ``{cfg.out_dir}/model.onnx`` and verify it.
+
+    Args:
+        cfg: the ``export`` section.
+
+    Returns:
+        Paths written, parity numbers and latency.
+
+    Raises:
+        CheckpointError: missing/incomplete checkpoint or alias.
+        FileNotFoundError: ``cfg.split`` does not exist under ``cfg.data_dir``.
+        ValueError: the split is empty.
+        ExportParityError: onnxruntime logits differ from eager ones by more than
+            ``cfg.atol``; ``out_dir`` then holds no ``model.onnx`` / ``report.json``.
+    """
+    ckpt = load_checkpoint(cfg.checkpoint)
+    model = ckpt.model.cpu().eval()
+    pad_id = int(ckpt.model_config.get("pad_id", 0))
+    min_len = int(getattr(model, "min_len", 1))
+    seqs = load_samples(cfg.data_dir, cfg.split, cfg.num_samples)
+    if len(seqs) < cfg.num_samples:
+        logger.warning(
+            "split %s has only %d samples (num_samples=%d)", cfg.split, len(seqs), cfg.num_samples
+        )
+    onnx_path = io.join(cfg.out_dir, ONNX_NAME)
+    report_path = io.join(cfg.out_dir, REPORT_NAME)
+
+    with tempfile.TemporaryDirectory(prefix="xdpx-export-") as staging:
+        staged = os.path.join(staging, ONNX_NAME)
+        example = build_example(seqs, min_len, pad_id)
+        export_onnx(model, staged, cfg.opset, example)
+        try:
+            parity = check_parity(staged, model, seqs, cfg.atol, pad_id=pad_id)
+        except ExportParityError:
+            _remove_stale(cfg.out_dir)
+            raise
+        latency = measure_latency(staged, model, seqs, pad_id=pad_id)
+        with open(staged, "rb") as f:
+            data = f.read()
+
+    # The old report goes first: from here on, report.json exists only when all files are new.
+    io.rm(report_path)
+    io.write_bytes(onnx_path, data)
+    copied = []
+    for asset in ASSETS:
+        src = io.join(ckpt.path, asset)
+        if io.exists(src):
+            io.write_bytes(io.join(cfg.out_dir, asset), io.read_bytes(src))
+            copied.append(asset)
+        else:
+            logger.warning("checkpoint %s has no %s; not copied", ckpt.path, asset)
+
+    num_labels = int(ckpt.model_config.get("num_labels", 0)) or None
+    report = {
+        "status": "ok",
+        "onnx_path": onnx_path,
+        "onnx_bytes": len(data),
+        "onnx_sha256": hashlib.sha256(data).hexdigest(),
+        "checkpoint": ckpt.path,
+        "model": ckpt.name,
+        "num_labels": num_labels,
+        "opset": cfg.opset,
+        "input_names": [INPUT_NAME],
+        "output_names": [OUTPUT_NAME],
+        "dynamic_axes": {k: {str(a): n for a, n in v.items()} for k, v in DYNAMIC_AXES.items()},
+        "input_dtype": "int64",
+        "pad_id": pad_id,
+        "min_len": min_len,
+        "samples": {"data_dir": cfg.data_dir, "split": cfg.split, "num_samples": len(seqs)},
+        "parity": parity,
+        "latency": latency,
+        "assets": copied,
+        "versions": _versions(),
+    }
+    io.write_text(report_path, json.dumps(report, indent=2) + "\n")
+    logger.info("wrote %s and %s", onnx_path, report_path)
+    return ExportResult(
+        onnx_path=onnx_path,
+        report_path=report_path,
+        checkpoint=ckpt.path,
+        parity=parity,
+        latency=latency,
+    )
+
+
+def main(argv: list[str] | None = None) -> ExportResult:
+    """Command line entry: ``python -m stages.export [--params FILE] [key=value ...]``."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    params, overrides = stage_argv("export", sys.argv[1:] if argv is None else list(argv))
+    cfg = load_params(params, overrides).export
+    result = run(cfg)
+    lat = result.latency["batches"]
+    speed = ", ".join(
+        f"batch {b}: eager {v['eager_ms']:.2f} ms vs ort {v['onnxruntime_ms']:.2f} ms"
+        for b, v in lat.items()
+    )
+    print(
+        f"export: {result.onnx_path} (parity max |diff| {result.parity['max_abs_diff']:.2e} "
+        f"<= {result.parity['atol']:.0e} over {result.parity['num_samples']} samples); {speed}"
+    )
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,381 @@
+"""ONNX export of the classifiers, an onnxruntime parity check and a latency comparison.
+
+The graph has one input and one output (names fixed, so serving code never
+guesses)::
+
+    input_ids  int64   [batch, seq_len]   token ids, 0 = padding (right-padded)
+    logits     float32 [batch, num_labels]
+
+with ``batch`` and ``seq_len`` dynamic. The legacy TorchScript exporter
+(``torch.onnx.export(..., dynamo=False)``) is used on purpose: it writes one
+self-contained ``.onnx`` file (the dynamo exporter needs ``onnxscript`` and
+stores large weights in a separate ``.onnx.data`` file).
+
+Tracing records one path through Python control flow, so a model whose shape
+logic depends on the sequence length (FastText's n-gram windows) is only
+correct for other lengths if the example is long enough to take the general
+path; :func:`build_example` pads to :data:`MIN_EXAMPLE_LEN` tokens for that
+reason, and :func:`check_parity` runs batches of several sizes and widths to
+prove the dynamic axes really work.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import statistics
+import tempfile
+import time
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+from torch import nn
+
+from xdpx import io
+from xdpx.inference import pad_batch
+
+__all__ = [
+    "INPUT_NAME",
+    "OUTPUT_NAME",
+    "DYNAMIC_AXES",
+    "MIN_EXAMPLE_LEN",
+    "ExportParityError",
+    "build_example",
+    "export_onnx",
+    "ort_session",
+    "parity_batches",
+    "check_parity",
+    "measure_latency",
+]
+
+logger = logging.getLogger("xdpx.export")
+
+INPUT_NAME = "input_ids"
+OUTPUT_NAME = "logits"
+#: Dynamic axes of the exported graph (ONNX ``dim_param`` names).
+DYNAMIC_AXES: dict[str, dict[int, str]] = {
+    INPUT_NAME: {0: "batch", 1: "seq_len"},
+    OUTPUT_NAME: {0: "batch"},
+}
+#: Width the export example is padded to at least (longer than any n-gram order / filter).
+MIN_EXAMPLE_LEN = 8
+
+
+class ExportParityError(RuntimeError):
+    """onnxruntime logits differ from eager PyTorch logits by more than the tolerance."""
+
+
+def build_example(
+    seqs: Sequence[np.ndarray], min_len: int = 1, pad_id: int = 0, batch: int = 2
+) -> torch.Tensor:
+    """The tracing example: the first ``batch`` sequences, right-padded.
+
+    Args:
+        seqs: token id arrays (at least one).
+        min_len: the model's ``min_len``; the example is at least
+            ``max(min_len, MIN_EXAMPLE_LEN)`` wide so every length-dependent branch
+            takes its general path while tracing.
+        pad_id: padding id.
+        batch: number of rows (batch 2 keeps the batch axis from being
+            specialised to 1 anywhere in the trace).
+
+    Returns:
+        ``[batch, width]`` int64 tensor (rows repeat when ``len(seqs) < batch``).
+
+    Raises:
+        ValueError: ``seqs`` is empty.
+    """
+    if not len(seqs):
+        raise ValueError("build_example needs at least one sequence")
+    rows = [seqs[i % len(seqs)] for i in range(batch)]
+    return pad_batch(rows, pad_id, max(min_len, MIN_EXAMPLE_LEN))
+
+
+def export_onnx(
+    model: nn.Module, path: str, opset: int = 17, example_input: torch.Tensor | None = None
+) -> None:
+    """Export ``model`` to one self-contained ONNX file with dynamic batch/sequence axes.
+
+    The graph is traced on ``example_input`` into a local temporary file,
+    validated with ``onnx.checker.check_model`` and then written to ``path``
+    atomically through :mod:`xdpx.io` (so ``path`` may be an fsspec URL and is
+    never left half-written).
+
+    Args:
+        model: a classifier mapping ``input_ids [B, T]`` int64 to ``logits [B, C]``;
+            exported in eval mode (its training flag is restored afterwards).
+        path: destination ``.onnx`` file (local path or fsspec URL).
+        opset: ONNX opset version (>= 13).
+        example_input: ``[B, T]`` int64 tracing example; default ``[2, max(min_len, 8)]``
+            of token id 1 (see :func:`build_example` for why it should be long).
+
+    Raises:
+        ValueError: ``example_input`` is not a 2-D int64 tensor.
+        onnx.checker.ValidationError: the exported graph is not valid ONNX.
+        RuntimeError: torch cannot export the model.
+    """
+    if example_input is None:
+        width = max(getattr(model, "min_len", 1), MIN_EXAMPLE_LEN)
+        example_input = torch.ones(2, width, dtype=torch.int64)
+    if example_input.dtype != torch.int64 or example_input.dim() != 2:
+        raise ValueError(
+            f"example_input must be a [batch, seq_len] int64 tensor, got "
+            f"{example_input.dtype} of shape {tuple(example_input.shape)}"
+        )
+    was_training = model.training
+    model.eval()
+    try:
+        with tempfile.TemporaryDirectory(prefix="xdpx-onnx-") as tmp:
+            local = os.path.join(tmp, "model.onnx")
+            with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+                warnings.simplefilter("always")
+                torch.onnx.export(
+                    model,
+                    (example_input.cpu(),),
+                    local,
+                    input_names=[INPUT_NAME],
+                    output_names=[OUTPUT_NAME],
+                    dynamic_axes=DYNAMIC_AXES,
+                    opset_version=opset,
+                    do_constant_folding=True,
+                    dynamo=False,
+                )
+            for w in caught:  # legacy-exporter deprecation and TracerWarnings: parity decides
+                logger.debug("torch.onnx.export: %s", w.message)
+            proto = onnx.load(local)
+            onnx.checker.check_model(proto, full_check=True)
+            with open(local, "rb") as f:
+                data = f.read()
+    finally:
+        model.train(was_training)
+    io.write_bytes(path, data)
+    logger.info("exported ONNX opset %d (%.1f KiB) -> %s", opset, len(data) / 1024, path)
+
+
+def ort_session(path: str, threads: int | None = None) -> ort.InferenceSession:
+    """An onnxruntime CPU session of an ONNX file read through :mod:`xdpx.io`.
+
+    Args:
+        path: ``.onnx`` file (local path or fsspec URL).
+        threads: intra-op threads; ``None`` keeps onnxruntime's default.
+    """
+    options = ort.SessionOptions()
+    if threads is not None:
+        options.intra_op_num_threads = threads
+    return ort.InferenceSession(
+        io.read_bytes(path), sess_options=options, providers=["CPUExecutionProvider"]
+    )
+
+
+def parity_batches(n: int, batch_size: int) -> list[tuple[int, int]]:
+    """``(start, stop)`` slices covering ``range(n)`` with deliberately mixed batch sizes.
+
+    The first batch has 1 sample, the second 3 (odd size, a width set by its own
+    longest row), the rest ``batch_size`` each (last one possibly smaller), so
+    the dynamic batch and sequence axes are exercised with several values.
+
+    Args:
+        n: number of samples.
+        batch_size: size of the regular batches (>= 1).
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    out: list[tuple[int, int]] = []
+    start = 0
+    for size in [1, 3]:
+        if start < n:
+            out.append((start, min(n, start + size)))
+            start = out[-1][1]
+    while start < n:
+        out.append((start, min(n, start + batch_size)))
+        start = out[-1][1]
+    return out
+
+
+def check_parity(
+    onnx_path: str,
+    model: nn.Module,
+    seqs: Sequence[np.ndarray],
+    atol: float = 1e-4,
+    batch_size: int = 64,
+    pad_id: int = 0,
+) -> dict[str, Any]:
+    """Compare onnxruntime (CPUExecutionProvider) logits with eager PyTorch logits.
+
+    Both runtimes get the very same right-padded ``[B, T]`` batches (see
+    :func:`parity_batches`: a batch of 1, a batch of 3, then ``batch_size``
+    batches, each padded to its own longest row, at least ``model.min_len``).
+
+    Args:
+        onnx_path: exported ``.onnx`` file (local path or fsspec URL).
+        model: the eager model the file was exported from (run on CPU, eval mode).
+        seqs: token id arrays to score (at least one).
+        atol: largest allowed absolute logit difference.
+        batch_size: size of the regular batches.
+        pad_id: padding id.
+
+    Returns:
+        ``{"max_abs_diff", "mean_abs_diff", "num_samples", "argmax_agreement",
+        "atol", "batch_shapes"}``: diffs over all ``num_samples * num_labels``
+        logits, ``argmax_agreement`` the fraction of samples whose predicted class
+        agrees, ``batch_shapes`` the ``[B, T]`` of every batch run.
+
+    Raises:
+        ValueError: ``seqs`` is empty.
+        ExportParityError: ``max_abs_diff > atol`` or non-finite/mismatched outputs;
+            the message gives the numbers and the tolerance.
+    """
+    if not len(seqs):
+        raise ValueError("check_parity needs at least one sequence")
+    session = ort_session(onnx_path)
+    min_len = getattr(model, "min_len", 1)
+    was_training = model.training
+    model.eval()
+    eager_chunks, ort_chunks, shapes = [], [], []
+    try:
+        with torch.no_grad():
+            for start, stop in parity_batches(len(seqs), batch_size):
+                x = pad_batch(seqs[start:stop], pad_id, min_len)
+                eager_chunks.append(model(x).float().cpu().numpy())
+                ort_chunks.append(session.run([OUTPUT_NAME], {INPUT_NAME: x.numpy()})[0])
+                shapes.append(list(x.shape))
+    finally:
+        model.train(was_training)
+    eager = np.concatenate(eager_chunks)
+    onnx_out = np.concatenate(ort_chunks)
+    if eager.shape != onnx_out.shape:
+        raise ExportParityError(
+            f"{onnx_path}: onnxruntime logits have shape {onnx_out.shape}, eager {eager.shape}"
+        )
+    diff = np.abs(eager.astype(np.float64) - onnx_out.astype(np.float64))
+    result: dict[str, Any] = {
+        "max_abs_diff": float(diff.max()),
+        "mean_abs_diff": float(diff.mean()),
+        "num_samples": len(seqs),
+        "argmax_agreement": float((eager.argmax(1) == onnx_out.argmax(1)).mean()),
+        "atol": float(atol),
+        "batch_shapes": shapes,
+    }
+    if not np.isfinite(diff).all() or result["max_abs_diff"] > atol:
+        raise ExportParityError(
+            f"{onnx_path}: onnxruntime vs eager logits differ by max {result['max_abs_diff']:.3e} "
+            f"(mean {result['mean_abs_diff']:.3e}, argmax agreement "
+            f"{result['argmax_agreement']:.4f}) over {len(seqs)} samples in "
+            f"{len(shapes)} batches; tolerance atol={atol:.1e}"
+        )
+    logger.info(
+        "parity ok: max |diff| %.2e <= %.1e over %d samples, argmax agreement %.4f",
+        result["max_abs_diff"],
+        atol,
+        len(seqs),
+        result["argmax_agreement"],
+    )
+    return result
+
+
+def _fixed_batch(seqs: Sequence[np.ndarray], batch: int, seq_len: int, pad_id: int) -> np.ndarray:
+    """``[batch, seq_len]`` int64 built from ``seqs`` (cycled), truncated/right-padded."""
+    out = np.full((batch, seq_len), pad_id, dtype=np.int64)
+    for i in range(batch):
+        s = np.asarray(seqs[i % len(seqs)])[:seq_len]
+        out[i, : len(s)] = s
+    return out
+
+
+def _median_ms(fn: Any, warmup: int, runs: int) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1000.0)
+    return statistics.median(times)
+
+
+def measure_latency(
+    onnx_path: str,
+    model: nn.Module,
+    seqs: Sequence[np.ndarray],
+    batch_sizes: Sequence[int] = (1, 64),
+    percentile: float = 90.0,
+    warmup: int = 3,
+    runs: int = 20,
+    pad_id: int = 0,
+) -> dict[str, Any]:
+    """Median wall time per batch of eager PyTorch vs onnxruntime on CPU.
+
+    Every batch has the same width: the ``percentile``-th percentile of the
+    sample lengths (rounded up, at least ``model.min_len``); rows are the samples
+    cycled, truncated or padded to it. Each runtime gets ``warmup`` untimed calls,
+    then ``runs`` calls timed with ``time.perf_counter``. Thread settings are left
+    as they are (torch's and onnxruntime's defaults), and both are recorded.
+
+    Args:
+        onnx_path: exported ``.onnx`` file.
+        model: the eager model (CPU; run in eval mode under ``torch.inference_mode``).
+        seqs: token id arrays (at least one).
+        batch_sizes: batch sizes to time.
+        percentile: length percentile used as the fixed width.
+        warmup: untimed calls per runtime and batch size.
+        runs: timed calls per runtime and batch size.
+        pad_id: padding id.
+
+    Returns:
+        ``{"seq_len", "percentile", "warmup", "runs", "torch_threads",
+        "ort_intra_op_threads" (0 = onnxruntime's default), "batches": {"<B>": {"eager_ms", "onnxruntime_ms",
+        "speedup"}}}``; times are medians in milliseconds per batch, ``speedup`` is
+        ``eager_ms / onnxruntime_ms`` (> 1: onnxruntime is faster).
+
+    Raises:
+        ValueError: ``seqs`` is empty.
+    """
+    if not len(seqs):
+        raise ValueError("measure_latency needs at least one sequence")
+    lengths = np.array([len(s) for s in seqs])
+    seq_len = max(
+        int(math.ceil(np.percentile(lengths, percentile))), getattr(model, "min_len", 1), 1
+    )
+    session = ort_session(onnx_path)
+    was_training = model.training
+    model.eval()
+    batches: dict[str, dict[str, float]] = {}
+    try:
+        with torch.inference_mode():
+            for b in batch_sizes:
+                x = _fixed_batch(seqs, b, seq_len, pad_id)
+                xt = torch.from_numpy(x)
+                eager_ms = _median_ms(lambda xt=xt: model(xt), warmup, runs)
+                ort_ms = _median_ms(
+                    lambda x=x: session.run([OUTPUT_NAME], {INPUT_NAME: x}), warmup, runs
+                )
+                batches[str(b)] = {
+                    "eager_ms": eager_ms,
+                    "onnxruntime_ms": ort_ms,
+                    "speedup": eager_ms / ort_ms if ort_ms > 0 else float("inf"),
+                }
+                logger.info(
+                    "latency batch %d x %d: eager %.3f ms, onnxruntime %.3f ms (x%.2f)",
+                    b,
+                    seq_len,
+                    eager_ms,
+                    ort_ms,
+                    batches[str(b)]["speedup"],
+                )
+    finally:
+        model.train(was_training)
+    return {
+        "seq_len": seq_len,
+        "percentile": percentile,
+        "warmup": warmup,
+        "runs": runs,
+        "torch_threads": torch.get_num_threads(),
+        "ort_intra_op_threads": session.get_session_options().intra_op_num_threads,
+        "batches": batches,
+    }
