@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 
 from xdpx.config import Params, load_params
 
@@ -30,7 +31,9 @@ def _result_dict(result: Any) -> dict:
 
 
 def _stage_task(name: str):
-    @task(name=name, persist_result=True, task_run_name=f"{name}")
+    # Persisted results (retries, UI); no input-based cache: every stage gets the same Params
+    # object and the real state lives in files, which DVC (not Prefect) tracks.
+    @task(name=name, persist_result=True, cache_policy=NO_CACHE, task_run_name=name)
     def run_stage(params: Params) -> dict:
         import importlib
 
@@ -46,7 +49,9 @@ STAGE_TASKS = {name: _stage_task(name) for name in STAGES}
 
 
 @flow(name="xdpx-pipeline", log_prints=True)
-def xdpx_pipeline(params: str = "params.yaml", overrides: list[str] | None = None) -> dict[str, dict]:
+def xdpx_pipeline(
+    params: str = "params.yaml", overrides: list[str] | None = None
+) -> dict[str, dict]:
     """Run every stage in DAG order with ``params`` plus ``section.key=value`` overrides.
 
     Returns:

@@ -69,10 +69,16 @@ def run(cfg: EvaluateConfig) -> EvaluateResult:
         df = pd.read_csv(io.open(valid_log), sep="\t")
         major = _major_metric(run_dir)
         if major in df.columns and len(df):
-            curve = io.join(cfg.confusion_png.rsplit("/", 1)[0] if "/" in cfg.confusion_png else ".", "valid_curve.png")
+            curve = io.join(
+                cfg.confusion_png.rsplit("/", 1)[0] if "/" in cfg.confusion_png else ".",
+                "valid_curve.png",
+            )
             save_figure(valid_curve_figure(df, major, METRIC_DIRECTIONS[major]), curve)
     return EvaluateResult(
-        checkpoint=ckpt.path, metrics=metrics, metrics_file=cfg.metrics_file, confusion_png=cfg.confusion_png
+        checkpoint=ckpt.path,
+        metrics=metrics,
+        metrics_file=cfg.metrics_file,
+        confusion_png=cfg.confusion_png,
     )
 
 
@@ -81,7 +87,11 @@ def _major_metric(run_dir: str) -> str:
 
     params = io.join(run_dir, "params.yaml")
     if io.exists(params):
-        return (yaml.safe_load(io.read_text(params)) or {}).get("train", {}).get("major_metric", "accuracy")
+        return (
+            (yaml.safe_load(io.read_text(params)) or {})
+            .get("train", {})
+            .get("major_metric", "accuracy")
+        )
     return "accuracy"
 
 

@@ -50,7 +50,11 @@ def run(cfg: PredictConfig) -> PredictResult:
     seqs = encoder.encode(data.texts, data.texts2)
     probs = predict_probs(ckpt.model, seqs, cfg.batch_size, encoder.pad_id)
     labels = encoder.labels
-    columns = (list(data.columns) if cfg.concat_origin else []) + ["pred_label"] + [f"prob_{lab}" for lab in labels]
+    columns = (
+        (list(data.columns) if cfg.concat_origin else [])
+        + ["pred_label"]
+        + [f"prob_{lab}" for lab in labels]
+    )
     lines = ["\t".join(columns)] if cfg.header else []
     counts = dict.fromkeys(labels, 0)
     for i, p in enumerate(probs):
@@ -60,7 +64,9 @@ def run(cfg: PredictConfig) -> PredictResult:
         lines.append("\t".join(origin + [pred] + [f"{x:.6f}" for x in p]))
     io.write_text(cfg.out_file, "\n".join(lines) + "\n")
     log.info("predicted %d rows -> %s (%s)", len(probs), cfg.out_file, counts)
-    return PredictResult(out_file=cfg.out_file, rows=len(probs), skipped=data.skipped, label_counts=counts)
+    return PredictResult(
+        out_file=cfg.out_file, rows=len(probs), skipped=data.skipped, label_counts=counts
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -29,7 +29,9 @@ RUN_MARKERS = ("best", "last", "train.log.tsv", "valid.log.tsv", "params.yaml")
 
 def _git(*args: str) -> str:
     try:
-        return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10, check=True).stdout
+        return subprocess.run(
+            ["git", *args], capture_output=True, text=True, timeout=10, check=True
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return ""
 
@@ -38,7 +40,10 @@ def write_bundle(cfg: TrainConfig, meta: dict) -> None:
     """Reproducibility bundle: resolved params, non-default starter config, code and library versions."""
     import transformers
 
-    io.write_text(io.join(cfg.save_dir, "params.yaml"), dump_yaml({"train": cfg, "prepro": meta.get("prepro", {})}))
+    io.write_text(
+        io.join(cfg.save_dir, "params.yaml"),
+        dump_yaml({"train": cfg, "prepro": meta.get("prepro", {})}),
+    )
     io.write_text(io.join(cfg.save_dir, "starter.yaml"), dump_yaml({"train": non_defaults(cfg)}))
     repro = {
         "command": sys.argv,
@@ -78,12 +83,20 @@ def run(cfg: TrainConfig) -> TrainResult:
     if valid is None:
         log.warning("no %r split in %s: no evaluation, best = last", cfg.valid_subset, cfg.data_dir)
     torch.manual_seed(cfg.seed)  # parameter init by seed (FAQ)
-    model_config = model_config_from(cfg.model, cfg, meta["vocab_size"], meta["num_labels"], meta.get("pad_id", 0))
+    model_config = model_config_from(
+        cfg.model, cfg, meta["vocab_size"], meta["num_labels"], meta.get("pad_id", 0)
+    )
     model = build_model(cfg.model, model_config)
     io.makedirs(cfg.save_dir)
     write_bundle(cfg, meta)
     n_params = sum(p.numel() for p in model.parameters())
-    log.info("model %s: %d parameters; %d train / %d valid samples", cfg.model, n_params, len(train.input_ids), len(valid.input_ids) if valid else 0)
+    log.info(
+        "model %s: %d parameters; %d train / %d valid samples",
+        cfg.model,
+        n_params,
+        len(train.input_ids),
+        len(valid.input_ids) if valid else 0,
+    )
     trainer = Trainer(
         model,
         cfg,

@@ -23,7 +23,9 @@ def test_defaults_load_without_file(tmp_path):
 
 def test_unknown_key_in_file_suggests_closest(tmp_path):
     path = write(tmp_path, "train:\n  lerning_rate: 0.1\n")
-    with pytest.raises(ConfigError, match=r"unknown key train\.lerning_rate; did you mean 'learning_rate'\?"):
+    with pytest.raises(
+        ConfigError, match=r"unknown key train\.lerning_rate; did you mean 'learning_rate'\?"
+    ):
         load_params(path)
 
 
@@ -63,7 +65,12 @@ def test_fp16_on_cpu_is_rejected_at_load(tmp_path):
 def test_overrides_parse_yaml_values(tmp_path):
     params = load_params(
         write(tmp_path, "train:\n  learning_rate: 0.1\n"),
-        ["train.learning_rate=3e-4", "train.filter_sizes=[2, 3]", "fetch.limit=null", "train.model=bilstm"],
+        [
+            "train.learning_rate=3e-4",
+            "train.filter_sizes=[2, 3]",
+            "fetch.limit=null",
+            "train.model=bilstm",
+        ],
     )
     assert params.train.learning_rate == pytest.approx(3e-4)
     assert params.train.filter_sizes == [2, 3]

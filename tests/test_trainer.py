@@ -23,7 +23,17 @@ def make_trainer(prepared: str, save_dir: str, **overrides) -> Trainer:
     torch.manual_seed(cfg.seed)
     model_config = model_config_from(cfg.model, cfg, meta["vocab_size"], meta["num_labels"], 0)
     model = build_model(cfg.model, model_config)
-    return Trainer(model, cfg, train.input_ids, train.labels, dev.input_ids, dev.labels, cfg.model, model_config, prepared)
+    return Trainer(
+        model,
+        cfg,
+        train.input_ids,
+        train.labels,
+        dev.input_ids,
+        dev.labels,
+        cfg.model,
+        model_config,
+        prepared,
+    )
 
 
 def params_of(trainer: Trainer) -> dict[str, torch.Tensor]:
@@ -32,7 +42,14 @@ def params_of(trainer: Trainer) -> dict[str, torch.Tensor]:
 
 def test_loss_decreases_and_beats_majority_on_real_subset(real_subset, tmp_path):
     _, prepared = real_subset
-    trainer = make_trainer(prepared, str(tmp_path / "run"), model="textcnn", max_epoch=4, log_interval=5, eval_interval=10)
+    trainer = make_trainer(
+        prepared,
+        str(tmp_path / "run"),
+        model="textcnn",
+        max_epoch=4,
+        log_interval=5,
+        eval_interval=10,
+    )
     result = trainer.fit()
     log = pd.read_csv(tmp_path / "run" / "train.log.tsv", sep="\t")
     assert log["loss"].iloc[-3:].mean() < log["loss"].iloc[:3].mean() - 0.1
@@ -44,7 +61,10 @@ def test_loss_decreases_and_beats_majority_on_real_subset(real_subset, tmp_path)
     assert valid["accuracy"].max() == pytest.approx(result.best_score)
     assert int(valid.loc[valid["accuracy"].idxmax(), "update"]) == result.best_update
     # best checkpoint holds the best update; last holds the final one
-    best, last = load_checkpoint(str(tmp_path / "run" / "<best>")), load_checkpoint(str(tmp_path / "run" / "<last>"))
+    best, last = (
+        load_checkpoint(str(tmp_path / "run" / "<best>")),
+        load_checkpoint(str(tmp_path / "run" / "<last>")),
+    )
     assert best.info["update"] == result.best_update
     assert last.info["update"] == result.num_updates
     assert (tmp_path / "run" / "dvclive" / "metrics.json").exists()
@@ -54,21 +74,33 @@ def test_loss_decreases_and_beats_majority_on_real_subset(real_subset, tmp_path)
 def test_update_freq_equals_larger_batch(real_subset, tmp_path, model):
     """update_freq=4 x batch 8 == batch 32 (dropout off, fp32): same parameters within 1e-5."""
     _, prepared = real_subset
-    common = dict(model=model, dropout=0.0, max_update=6, eval_interval=1000, embedding_dim=32, num_filters=16, ngram_buckets=5003)
+    common = dict(
+        model=model,
+        dropout=0.0,
+        max_update=6,
+        eval_interval=1000,
+        embedding_dim=32,
+        num_filters=16,
+        ngram_buckets=5003,
+    )
     a = make_trainer(prepared, str(tmp_path / "a"), batch_size=8, update_freq=4, **common)
     b = make_trainer(prepared, str(tmp_path / "b"), batch_size=32, update_freq=1, **common)
     init = params_of(b)
     torch.testing.assert_close(params_of(a), init, atol=0, rtol=0)  # same init
     a.fit(), b.fit()
     pa, pb = params_of(a), params_of(b)
-    assert max((pb[k] - init[k]).abs().max().item() for k in init) > 1e-3  # training moved the weights
+    assert (
+        max((pb[k] - init[k]).abs().max().item() for k in init) > 1e-3
+    )  # training moved the weights
     for k in pa:
         torch.testing.assert_close(pa[k], pb[k], atol=1e-5, rtol=0, msg=k)
 
 
 def test_same_seed_same_parameters_different_seed_differs(real_subset, tmp_path):
     _, prepared = real_subset
-    common = dict(model="textcnn", max_update=5, eval_interval=1000, embedding_dim=32, num_filters=16)
+    common = dict(
+        model="textcnn", max_update=5, eval_interval=1000, embedding_dim=32, num_filters=16
+    )
     a = make_trainer(prepared, str(tmp_path / "a"), **common)
     b = make_trainer(prepared, str(tmp_path / "b"), **common)
     c = make_trainer(prepared, str(tmp_path / "c"), seed=2, **common)
@@ -88,11 +120,19 @@ def test_epoch_order_depends_only_on_seed_and_epoch():
 
 def test_max_update_budget_and_early_stop(real_subset, tmp_path):
     _, prepared = real_subset
-    result = make_trainer(prepared, str(tmp_path / "a"), model="fasttext", max_update=7, eval_interval=3).fit()
+    result = make_trainer(
+        prepared, str(tmp_path / "a"), model="fasttext", max_update=7, eval_interval=3
+    ).fit()
     assert result.num_updates == 7
     # a learning rate of ~0 never improves after the first eval: stops after `tolerance` evals
     result = make_trainer(
-        prepared, str(tmp_path / "b"), model="fasttext", learning_rate=1e-12, eval_interval=2, tolerance=2, major_metric="loss"
+        prepared,
+        str(tmp_path / "b"),
+        model="fasttext",
+        learning_rate=1e-12,
+        eval_interval=2,
+        tolerance=2,
+        major_metric="loss",
     ).fit()
     assert result.stopped_early
     assert result.num_updates <= 2 * 4
@@ -110,6 +150,13 @@ def test_nan_loss_stops_with_clear_error(real_subset, tmp_path):
 def test_bf16_trains_on_cpu(real_subset, tmp_path):
     _, prepared = real_subset
     result = make_trainer(
-        prepared, str(tmp_path / "a"), model="fasttext", precision="bf16", max_update=4, eval_interval=4, embedding_dim=16, ngram_buckets=1009
+        prepared,
+        str(tmp_path / "a"),
+        model="fasttext",
+        precision="bf16",
+        max_update=4,
+        eval_interval=4,
+        embedding_dim=16,
+        ngram_buckets=1009,
     ).fit()
     assert result.num_updates == 4 and np.isfinite(result.best_score)

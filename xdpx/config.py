@@ -200,7 +200,9 @@ class TrainConfig(_Section):
             import torch
 
             if self.device == "cpu" or not torch.cuda.is_available():
-                raise ValueError("fp16 needs a CUDA device (GradScaler); use precision=bf16 or fp32 on CPU")
+                raise ValueError(
+                    "fp16 needs a CUDA device (GradScaler); use precision=bf16 or fp32 on CPU"
+                )
         if self.eval_interval == 0 or self.eval_interval < -1:
             raise ValueError(
                 f"eval_interval must be -1 (epoch end) or positive, got {self.eval_interval}"

@@ -1,0 +1,1 @@
+"""Pipeline stages: ``python -m stages.<name>``, one per ``params.yaml`` section."""

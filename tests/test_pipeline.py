@@ -1,0 +1,160 @@
+"""Integration: every stage on a stratified subset of the real corpus, in a temp dir."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from stages import evaluate, export, predict, train
+from xdpx.checkpoint import CheckpointError
+from xdpx.config import EvaluateConfig, ExportConfig, PredictConfig, TrainConfig
+
+
+@pytest.fixture(scope="module")
+def trained(real_subset, tmp_path_factory):
+    raw, prepared = real_subset
+    run_dir = str(tmp_path_factory.mktemp("runs") / "cnn")
+    cfg = TrainConfig(
+        data_dir=prepared,
+        save_dir=run_dir,
+        model="textcnn",
+        max_epoch=3,
+        eval_interval=10,
+        embedding_dim=64,
+        num_filters=32,
+    )
+    result = train.run(cfg)
+    return raw, prepared, run_dir, result
+
+
+def test_train_writes_run_directory(trained):
+    _, _, run_dir, result = trained
+    for name in (
+        "best/model.safetensors",
+        "best/config.json",
+        "best/vocab.txt",
+        "best/target_map.txt",
+        "best/meta.json",
+        "last/model.safetensors",
+        "train.log.tsv",
+        "valid.log.tsv",
+        "params.yaml",
+        "starter.yaml",
+        "repro.json",
+        "dvclive/metrics.json",
+    ):
+        assert (pd.io.common.Path(run_dir) / name).exists(), name
+    starter = (pd.io.common.Path(run_dir) / "starter.yaml").read_text()
+    assert "model: textcnn" in starter and "learning_rate" not in starter  # only non-defaults
+    assert result.best_update is not None
+
+
+def test_train_refuses_to_overwrite_a_run(trained):
+    _, prepared, run_dir, _ = trained
+    with pytest.raises(FileExistsError, match="already holds a run"):
+        train.run(TrainConfig(data_dir=prepared, save_dir=run_dir, max_update=1))
+
+
+def test_evaluate_dev_score_equals_best_logged(trained, tmp_path):
+    _, prepared, run_dir, result = trained
+    cfg = EvaluateConfig(
+        checkpoint=f"{run_dir}/<best>",
+        data_dir=prepared,
+        metrics_file=str(tmp_path / "m.json"),
+        confusion_png=str(tmp_path / "cm.png"),
+    )
+    out = evaluate.run(cfg)
+    assert out.metrics["dev"]["accuracy"] == result.best_score
+    valid_log = pd.read_csv(f"{run_dir}/valid.log.tsv", sep="\t")
+    assert out.metrics["dev"]["accuracy"] == pytest.approx(valid_log["accuracy"].max(), abs=1e-6)
+    metrics = json.loads((tmp_path / "m.json").read_text())
+    assert set(metrics) == {"dev", "test"}
+    assert {"accuracy", "macro_f1", "macro_precision", "macro_recall", "roc_auc"} <= set(
+        metrics["test"]
+    )
+    assert (tmp_path / "cm.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "valid_curve.png").exists()
+
+
+def test_evaluate_missing_checkpoint_is_clear(trained, tmp_path):
+    _, prepared, _, _ = trained
+    with pytest.raises(CheckpointError, match="nope/last"):
+        evaluate.run(
+            EvaluateConfig(checkpoint=str(tmp_path / "nope" / "<last>"), data_dir=prepared)
+        )
+
+
+@pytest.mark.parametrize("concat_origin,header", [(True, True), (False, False)])
+def test_predict_writes_labels_and_probabilities(trained, tmp_path, concat_origin, header):
+    raw, _, run_dir, _ = trained
+    out_file = tmp_path / "pred.tsv"
+    result = predict.run(
+        PredictConfig(
+            checkpoint=f"{run_dir}/<best>",
+            data_file=f"{raw}/test.tsv",
+            out_file=str(out_file),
+            concat_origin=concat_origin,
+            header=header,
+        )
+    )
+    src = pd.read_csv(f"{raw}/test.tsv", sep="\t", quoting=csv.QUOTE_NONE, keep_default_na=False)
+    df = pd.read_csv(
+        out_file,
+        sep="\t",
+        quoting=csv.QUOTE_NONE,
+        keep_default_na=False,
+        header=0 if header else None,
+    )
+    assert len(df) == len(src) == result.rows
+    if header:
+        assert list(df.columns) == ["text", "label", "pred_label", "prob_neg", "prob_pos"] or list(
+            df.columns
+        ) == ["text", "label", "pred_label", "prob_pos", "prob_neg"]
+        assert (df["text"] == src["text"]).all()
+        probs = df[[c for c in df.columns if c.startswith("prob_")]].to_numpy()
+        assert np.allclose(probs.sum(1), 1.0, atol=1e-5)
+        assert (df["pred_label"] == src["label"]).mean() > 0.6
+    else:
+        assert df.shape[1] == 3  # pred_label + 2 probabilities
+
+
+def test_predict_matches_evaluate_accuracy(trained, tmp_path):
+    raw, prepared, run_dir, _ = trained
+    predict.run(
+        PredictConfig(
+            checkpoint=f"{run_dir}/<best>",
+            data_file=f"{raw}/test.tsv",
+            out_file=str(tmp_path / "p.tsv"),
+        )
+    )
+    ev = evaluate.run(
+        EvaluateConfig(
+            checkpoint=f"{run_dir}/<best>",
+            data_dir=prepared,
+            splits=["test"],
+            metrics_file=str(tmp_path / "m.json"),
+            confusion_png=str(tmp_path / "c.png"),
+        )
+    )
+    df = pd.read_csv(tmp_path / "p.tsv", sep="\t", quoting=csv.QUOTE_NONE, keep_default_na=False)
+    assert (df["pred_label"] == df["label"]).mean() == pytest.approx(ev.metrics["test"]["accuracy"])
+
+
+def test_export_parity_on_real_checkpoint(trained, tmp_path):
+    _, prepared, run_dir, _ = trained
+    result = export.run(
+        ExportConfig(
+            checkpoint=f"{run_dir}/<best>",
+            data_dir=prepared,
+            out_dir=str(tmp_path / "export"),
+            num_samples=120,
+        )
+    )
+    assert result.parity["max_abs_diff"] <= 1e-4
+    assert (tmp_path / "export" / "model.onnx").exists()
+    report = json.loads((tmp_path / "export" / "report.json").read_text())
+    assert set(report["latency"]["batches"]) == {"1", "64"}
