@@ -1,0 +1,87 @@
+"""e2e: `dvc repro` on a subset, a no-op second repro, metrics, and `dvc exp run -S`."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = {
+    "fetch": {"limit": 600},
+    "train": {"model": "textcnn", "embedding_dim": 32, "num_filters": 16, "max_epoch": 2},
+    "export": {"num_samples": 64},
+}
+
+
+def sh(*args: str, cwd: Path, env: dict) -> str:
+    proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (
+        f"{' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
+    return proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    """A fresh git+DVC clone-alike of this project with a small params.yaml."""
+    root = tmp_path_factory.mktemp("project")
+    for name in ("xdpx", "stages", "plots"):
+        shutil.copytree(ROOT / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("dvc.yaml", ".gitignore", ".dvcignore"):
+        shutil.copy(ROOT / name, root / name)
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    for section, values in SMALL.items():
+        params[section].update(values)
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "DVC_NO_ANALYTICS": "1",
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.com",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.com",
+    }
+    sh("git", "init", "-q", cwd=root, env=env)
+    sh("dvc", "init", "-q", cwd=root, env=env)
+    shutil.copy(ROOT / ".dvc" / "config", root / ".dvc" / "config")
+    sh("git", "add", "-A", cwd=root, env=env)
+    sh("git", "commit", "-qm", "init", cwd=root, env=env)
+    return root, env
+
+
+def test_repro_then_noop_then_metrics(project):
+    root, env = project
+    sh("dvc", "repro", cwd=root, env=env)
+    assert (root / "models/default/export/model.onnx").exists()
+    again = sh("dvc", "repro", cwd=root, env=env)
+    assert "Data and pipelines are up to date" in again
+    status = sh("dvc", "status", cwd=root, env=env)
+    assert "up to date" in status
+    shown = sh("dvc", "metrics", "show", cwd=root, env=env)
+    assert "test.accuracy" in shown and "test.macro_f1" in shown
+    html = sh("dvc", "plots", "show", "-o", "plots_out", cwd=root, env=env)
+    page = (root / "plots_out" / "index.html").read_text()
+    assert "cdn.jsdelivr" not in page and "vegaEmbed" in page, html
+
+
+def test_exp_run_set_param_lists_metric(project):
+    root, env = project
+    sh("git", "add", "-A", cwd=root, env=env)
+    sh("git", "commit", "-qm", "lock", cwd=root, env=env)
+    out = sh("dvc", "exp", "run", "-S", "train.learning_rate=0.003", cwd=root, env=env)
+    assert (
+        "Running stage 'fetch'" not in out and "Running stage 'prepro'" not in out
+    )  # only train and after
+    shown = json.loads(sh("dvc", "exp", "show", "--json", cwd=root, env=env))
+    text = json.dumps(shown)
+    assert '"accuracy"' in text and "0.003" in text
