@@ -31,7 +31,7 @@ NUM_SAMPLES = 32
 TINY: dict[str, dict] = {
     "textcnn": {"embedding_dim": 8, "num_filters": 4, "filter_sizes": [2, 3]},
     "bilstm": {"embedding_dim": 8, "hidden_size": 4},
-    "fasttext": {"embedding_dim": 8, "ngram_orders": [1, 2, 3], "ngram_buckets": 97},
+    "ngram_lr": {"ngram_orders": [1, 2, 3], "ngram_buckets": 97},
 }
 
 
@@ -81,6 +81,9 @@ def _checkpoint(tmp_path: Path, data_dir: Path, name: str) -> Path:
     torch.manual_seed(0)
     config = {"vocab_size": VOCAB_SIZE, "num_labels": len(LABELS), "pad_id": 0, **TINY[name]}
     model = build_model(name, config)
+    with torch.no_grad():  # ngram_lr starts at zero: randomise so parity compares real logits
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.5)
     path = tmp_path / "run" / "best"
     info = {"update": 1, "epoch": 1, "samples_seen": 0, "valid": {}}
     save_checkpoint(str(path), model, name, config, info, str(data_dir))
@@ -223,7 +226,7 @@ def test_parity_violation_fails_and_leaves_no_model(
 
 def test_check_parity_tolerance(tmp_path: Path) -> None:
     torch.manual_seed(0)
-    model = build_model("fasttext", {"vocab_size": VOCAB_SIZE, "num_labels": 2, **TINY["fasttext"]})
+    model = build_model("textcnn", {"vocab_size": VOCAB_SIZE, "num_labels": 2, **TINY["textcnn"]})
     seqs = _sequences(10, seed=1)
     path = str(tmp_path / "m.onnx")
     export_onnx(model, path, 17, build_example(seqs, model.min_len))
@@ -239,7 +242,7 @@ def test_check_parity_tolerance(tmp_path: Path) -> None:
 
 
 def test_main_with_params_file(tmp_path: Path, data_dir: Path) -> None:
-    _checkpoint(tmp_path, data_dir, "fasttext")
+    _checkpoint(tmp_path, data_dir, "ngram_lr")
     params = tmp_path / "params.yaml"
     params.write_text(
         "export:\n"

@@ -124,7 +124,7 @@ class PreproConfig(_Section):
         return self
 
 
-ModelName = Literal["textcnn", "bilstm", "fasttext"]
+ModelName = Literal["ngram_lr", "textcnn", "bilstm"]
 
 
 class TrainConfig(_Section):
@@ -135,16 +135,19 @@ class TrainConfig(_Section):
     overwrite: bool = Field(False, description="Replace an existing save_dir.")
     train_subset: str = Field("train", description="Split to train on.")
     valid_subset: str = Field("dev", description="Split used for eval_interval / early stopping.")
-    model: ModelName = Field("fasttext", description="Model name (see xdpx/models).")
+    model: ModelName = Field(
+        "ngram_lr",
+        description="ngram_lr (hashed char n-gram logistic regression), textcnn or bilstm.",
+    )
     embedding_dim: int = Field(128, ge=1, description="Token embedding size.")
     hidden_size: int = Field(128, ge=1, description="BiLSTM hidden size per direction.")
     num_filters: int = Field(128, ge=1, description="TextCNN filters per filter size.")
     filter_sizes: list[int] = Field([3, 4, 5], description="TextCNN convolution widths (tokens).")
     ngram_orders: list[int] = Field(
-        [1, 2, 3], description="fasttext: char n-gram orders hashed into buckets."
+        [1, 2, 3], description="ngram_lr: n-gram orders (each 1..5) hashed into buckets."
     )
     ngram_buckets: int = Field(
-        200_003, ge=1, description="fasttext: hash buckets for n-grams >= 2."
+        1_048_576, ge=1, description="ngram_lr: hash buckets (rows of its weight table)."
     )
     dropout: float = Field(0.3, ge=0.0, lt=1.0, description="Dropout before the classifier.")
     batch_size: int = Field(32, ge=1, description="Samples per micro-batch (per process).")

@@ -12,7 +12,7 @@ self-contained ``.onnx`` file (the dynamo exporter needs ``onnxscript`` and
 stores large weights in a separate ``.onnx.data`` file).
 
 Tracing records one path through Python control flow, so a model whose shape
-logic depends on the sequence length (FastText's n-gram windows) is only
+logic depends on the sequence length (n-gram windows) is only
 correct for other lengths if the example is long enough to take the general
 path; :func:`build_example` pads to :data:`MIN_EXAMPLE_LEN` tokens for that
 reason, and :func:`check_parity` runs batches of several sizes and widths to

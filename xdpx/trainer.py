@@ -149,6 +149,7 @@ class Trainer:
             betas=tuple(cfg.adam_betas),
             eps=cfg.adam_eps,
             weight_decay=cfg.weight_decay,
+            fused=True,  # one kernel per step: several times faster than foreach on CPU for big tables
         )
         micro_per_epoch = math.ceil(len(train_seqs) / cfg.batch_size)
         self.updates_per_epoch = math.ceil(micro_per_epoch / cfg.update_freq)

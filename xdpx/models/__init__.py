@@ -13,13 +13,13 @@ from typing import Any
 from torch import nn
 
 from xdpx.models.bilstm import BiLSTM
-from xdpx.models.fasttext import FastText
+from xdpx.models.ngram import NgramLR
 from xdpx.models.textcnn import TextCNN
 
 MODELS: dict[str, type[nn.Module]] = {
+    "ngram_lr": NgramLR,
     "textcnn": TextCNN,
     "bilstm": BiLSTM,
-    "fasttext": FastText,
 }
 
 
@@ -47,4 +47,4 @@ def build_model(name: str, model_config: dict) -> nn.Module:
     return MODELS[name](**model_config)
 
 
-__all__ = ["MODELS", "TextCNN", "BiLSTM", "FastText", "build_model", "model_config_from"]
+__all__ = ["MODELS", "TextCNN", "BiLSTM", "NgramLR", "build_model", "model_config_from"]
