@@ -23,8 +23,8 @@ demo: install  ## fetch -> prepro -> train -> evaluate -> predict -> export on t
 	dvc repro
 	dvc metrics show
 
-flow: install  ## the same DAG as a Prefect flow on a subset (embedded server)
-	$(PY) -m flows.pipeline fetch.limit=2000
+flow: install  ## the same DAG as a Prefect flow on a 2,000-text subset, outputs under .flow-run/
+	mkdir -p .flow-run && cd .flow-run && $(abspath $(PY)) -m flows.pipeline --params ../params.yaml fetch.limit=2000
 
 test: install
 	$(PY) -m pytest -q

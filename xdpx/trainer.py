@@ -169,6 +169,17 @@ class Trainer:
         self.train_rows: list[dict[str, Any]] = []
         self.valid_rows: list[dict[str, Any]] = []
 
+    def _save(self, name: str, info: dict[str, Any]) -> None:
+        """Write checkpoint ``<save_dir>/<name>`` (atomic directory replace)."""
+        save_checkpoint(
+            io.join(self.save_dir, name),
+            self.model,
+            self.model_name,
+            self.model_config,
+            info,
+            self.assets_dir,
+        )
+
     # ---------------------------------------------------------------- evaluation
     def evaluate(self) -> dict[str, float]:
         """Metrics of the current model on the validation split (``classification_metrics``)."""
@@ -206,14 +217,7 @@ class Trainer:
             info = {"update": num_updates, "epoch": epoch, "samples_seen": samples_seen}
             if self.valid_seqs is None:  # no validation split: best is the last model
                 for name in ("last", "best"):
-                    save_checkpoint(
-                        io.join(self.save_dir, name),
-                        model,
-                        self.model_name,
-                        self.model_config,
-                        info,
-                        self.assets_dir,
-                    )
+                    self._save(name, info)
                 return False
             metrics = self.evaluate()
             improved = is_better(metric, metrics[metric], best_score)
@@ -235,29 +239,15 @@ class Trainer:
             self.valid_rows.append(row)
             cols = ["update", "epoch", "samples_seen", *metrics, f"best_{metric}", "wall_time"]
             io.write_text(io.join(self.save_dir, "valid.log.tsv"), _tsv(self.valid_rows, cols))
+            live.step = num_updates  # DVCLive's x axis = updates
             for k, v in metrics.items():
                 live.log_metric(f"valid/{k}", v)
-            live.log_metric("train/samples_seen", samples_seen, plot=False)
-            live.step = num_updates
+            live.log_metric("valid/samples_seen", samples_seen, plot=False)
             live.make_summary()
             info_v = {**info, "valid": metrics}
-            save_checkpoint(
-                io.join(self.save_dir, "last"),
-                model,
-                self.model_name,
-                self.model_config,
-                info_v,
-                self.assets_dir,
-            )
+            self._save("last", info_v)
             if improved:
-                save_checkpoint(
-                    io.join(self.save_dir, "best"),
-                    model,
-                    self.model_name,
-                    self.model_config,
-                    info_v,
-                    self.assets_dir,
-                )
+                self._save("best", info_v)
             bar.set_postfix(
                 {metric: f"{metrics[metric]:.4f}", "best": f"{best_score:.4f}"}, refresh=False
             )
@@ -341,6 +331,7 @@ class Trainer:
                         io.join(self.save_dir, "train.log.tsv"),
                         _tsv(self.train_rows, TRAIN_COLUMNS),
                     )
+                    live.step = num_updates
                     live.log_metric("train/loss", window_loss / window_n)
                     live.log_metric("train/lr", self.optimizer.param_groups[0]["lr"])
                     bar.set_postfix({"loss": f"{window_loss / window_n:.4f}"}, refresh=False)
