@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 
 import pandas as pd
 from pydantic import BaseModel
 
 from xdpx import io
-from xdpx.checkpoint import CheckpointError, load_checkpoint
-from xdpx.config import ConfigError, EvaluateConfig, load_params, stage_argv
+from xdpx.checkpoint import load_checkpoint
+from xdpx.config import EvaluateConfig
 from xdpx.data import load_split
 from xdpx.inference import predict_probs
 from xdpx.metrics import METRIC_DIRECTIONS, classification_metrics, confusion_matrix
+from xdpx.stage import stage_main
 from xdpx.viz import confusion_figure, save_figure, valid_curve_figure
 
 log = logging.getLogger("xdpx.evaluate")
@@ -95,16 +95,17 @@ def _major_metric(run_dir: str) -> str:
     return "accuracy"
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> EvaluateResult:
     """``python -m stages.evaluate [--params params.yaml] [evaluate.key=value ...]``."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        params, overrides = stage_argv("evaluate", sys.argv[1:] if argv is None else argv)
-        result = run(load_params(params, overrides).evaluate)
-    except (ConfigError, CheckpointError, ValueError) as e:
-        sys.exit(f"error: {e}")
-    for split, m in result.metrics.items():
-        print(f"{split}: " + "  ".join(f"{k}={v:.4f}" for k, v in m.items()))
+    return stage_main(
+        "evaluate",
+        run,
+        lambda r: "\n".join(
+            f"{split}: " + "  ".join(f"{k}={v:.4f}" for k, v in m.items())
+            for split, m in r.metrics.items()
+        ),
+        argv,
+    )
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ import json
 import logging
 import os
 import platform
-import sys
 import tempfile
 from typing import Any
 
@@ -44,7 +43,7 @@ from pydantic import BaseModel, Field
 
 from xdpx import io
 from xdpx.checkpoint import ASSETS, load_checkpoint
-from xdpx.config import ExportConfig, load_params, stage_argv
+from xdpx.config import ExportConfig
 from xdpx.data import load_split
 from xdpx.export import (
     DYNAMIC_AXES,
@@ -56,6 +55,7 @@ from xdpx.export import (
     export_onnx,
     measure_latency,
 )
+from xdpx.stage import stage_main
 
 __all__ = ["ExportResult", "load_samples", "run", "main"]
 
@@ -213,20 +213,18 @@ def run(cfg: ExportConfig) -> ExportResult:
 
 def main(argv: list[str] | None = None) -> ExportResult:
     """Command line entry: ``python -m stages.export [--params FILE] [key=value ...]``."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    params, overrides = stage_argv("export", sys.argv[1:] if argv is None else list(argv))
-    cfg = load_params(params, overrides).export
-    result = run(cfg)
-    lat = result.latency["batches"]
-    speed = ", ".join(
-        f"batch {b}: eager {v['eager_ms']:.2f} ms vs ort {v['onnxruntime_ms']:.2f} ms"
-        for b, v in lat.items()
-    )
-    print(
-        f"export: {result.onnx_path} (parity max |diff| {result.parity['max_abs_diff']:.2e} "
-        f"<= {result.parity['atol']:.0e} over {result.parity['num_samples']} samples); {speed}"
-    )
-    return result
+
+    def summary(result: ExportResult) -> str:
+        speed = ", ".join(
+            f"batch {b}: eager {v['eager_ms']:.2f} ms vs ort {v['onnxruntime_ms']:.2f} ms"
+            for b, v in result.latency["batches"].items()
+        )
+        return (
+            f"export: {result.onnx_path} (parity max |diff| {result.parity['max_abs_diff']:.2e} "
+            f"<= {result.parity['atol']:.0e} over {result.parity['num_samples']} samples); {speed}"
+        )
+
+    return stage_main("export", run, summary, argv)
 
 
 if __name__ == "__main__":

@@ -26,13 +26,13 @@ from __future__ import annotations
 import importlib.resources
 import logging
 import re
-import sys
 
 import numpy as np
 from pydantic import BaseModel, Field
 
 from xdpx import io
-from xdpx.config import FetchConfig, load_params, stage_argv
+from xdpx.config import FetchConfig
+from xdpx.stage import stage_main
 
 __all__ = ["LABEL_FILES", "SPLITS", "FetchResult", "clean_text", "load_corpus", "run", "main"]
 
@@ -215,16 +215,15 @@ def run(cfg: FetchConfig) -> FetchResult:
 
 def main(argv: list[str] | None = None) -> FetchResult:
     """Command line entry: ``python -m stages.fetch [--params FILE] [key=value ...]``."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    params, overrides = stage_argv("fetch", sys.argv[1:] if argv is None else list(argv))
-    cfg = load_params(params, overrides).fetch
-    result = run(cfg)
-    sizes = " ".join(f"{name}={sum(c.values())}" for name, c in result.counts.items())
-    print(
-        f"fetch: wrote {result.total} rows to {cfg.out_dir} ({sizes}); "
-        f"dropped {result.duplicates} duplicates, {result.conflicts} conflicting texts"
-    )
-    return result
+
+    def summary(result: FetchResult) -> str:
+        sizes = " ".join(f"{name}={sum(c.values())}" for name, c in result.counts.items())
+        return (
+            f"fetch: wrote {result.total} rows ({sizes}); "
+            f"dropped {result.duplicates} duplicates, {result.conflicts} conflicting texts"
+        )
+
+    return stage_main("fetch", run, summary, argv)
 
 
 if __name__ == "__main__":

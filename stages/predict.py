@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 
 from pydantic import BaseModel
 
 from xdpx import io
-from xdpx.checkpoint import CheckpointError, load_checkpoint
-from xdpx.config import ConfigError, PredictConfig, PreproConfig, load_params, stage_argv
+from xdpx.checkpoint import load_checkpoint
+from xdpx.config import PredictConfig, PreproConfig
 from xdpx.data import DataError, Encoder, read_examples
 from xdpx.inference import predict_probs
+from xdpx.stage import stage_main
 
 log = logging.getLogger("xdpx.predict")
 
@@ -69,15 +69,14 @@ def run(cfg: PredictConfig) -> PredictResult:
     )
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> PredictResult:
     """``python -m stages.predict [--params params.yaml] [predict.key=value ...]``."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        params, overrides = stage_argv("predict", sys.argv[1:] if argv is None else argv)
-        result = run(load_params(params, overrides).predict)
-    except (ConfigError, CheckpointError, DataError) as e:
-        sys.exit(f"error: {e}")
-    print(f"wrote {result.rows} predictions to {result.out_file} ({result.label_counts})")
+    return stage_main(
+        "predict",
+        run,
+        lambda r: f"wrote {r.rows} predictions to {r.out_file} ({r.label_counts})",
+        argv,
+    )
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import sys
 from collections import Counter
 from typing import Any
 
@@ -24,7 +23,7 @@ from pydantic import BaseModel
 from tqdm import tqdm
 
 from xdpx import io
-from xdpx.config import ConfigError, PreproConfig, load_params, stage_argv
+from xdpx.config import ConfigError, PreproConfig
 from xdpx.data import (
     META_FILE,
     TARGET_MAP_FILE,
@@ -39,6 +38,7 @@ from xdpx.data import (
     read_examples,
     write_split,
 )
+from xdpx.stage import stage_main
 
 log = logging.getLogger("xdpx.prepro")
 
@@ -225,17 +225,16 @@ def run(cfg: PreproConfig) -> PreproResult:
     )
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> PreproResult:
     """``python -m stages.prepro [--params params.yaml] [prepro.key=value ...]``."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        params, overrides = stage_argv("prepro", sys.argv[1:] if argv is None else argv)
-        result = run(load_params(params, overrides).prepro)
-    except (ConfigError, DataError) as e:
-        sys.exit(f"error: {e}")
-    print(
-        f"prepared {result.rows} rows (skipped {result.skipped}) -> {result.data_dir} "
-        f"(vocab_size={result.vocab_size}, num_labels={result.num_labels})"
+    return stage_main(
+        "prepro",
+        run,
+        lambda r: (
+            f"prepared {r.rows} rows (skipped {r.skipped}) -> {r.data_dir} "
+            f"(vocab_size={r.vocab_size}, num_labels={r.num_labels})"
+        ),
+        argv,
     )
 
 

@@ -16,9 +16,10 @@ import sys
 import torch
 
 from xdpx import io
-from xdpx.config import ConfigError, TrainConfig, dump_yaml, load_params, non_defaults, stage_argv
+from xdpx.config import TrainConfig, dump_yaml, non_defaults
 from xdpx.data import load_split
 from xdpx.models import build_model, model_config_from
+from xdpx.stage import stage_main
 from xdpx.trainer import Trainer, TrainResult
 
 log = logging.getLogger("xdpx.train")
@@ -114,18 +115,16 @@ def run(cfg: TrainConfig) -> TrainResult:
     return result
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> TrainResult:
     """``python -m stages.train [--params params.yaml] [train.key=value ...]``."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        params, overrides = stage_argv("train", sys.argv[1:] if argv is None else argv)
-        cfg = load_params(params, overrides).train
-        result = run(cfg)
-    except (ConfigError, FileNotFoundError, FileExistsError) as e:
-        sys.exit(f"error: {e}")
-    print(
-        f"trained {result.num_updates} updates ({result.samples_seen} samples, {result.epochs} epochs); "
-        f"best valid {result.major_metric}={result.best_score} at update {result.best_update}"
+    return stage_main(
+        "train",
+        run,
+        lambda r: (
+            f"trained {r.num_updates} updates ({r.samples_seen} samples, {r.epochs} epochs); "
+            f"best valid {r.major_metric}={r.best_score} at update {r.best_update}"
+        ),
+        argv,
     )
 
 

@@ -241,7 +241,7 @@ def test_check_parity_tolerance(tmp_path: Path) -> None:
         check_parity(path, model, [], atol=1e-4)
 
 
-def test_main_with_params_file(tmp_path: Path, data_dir: Path) -> None:
+def test_main_with_params_file(tmp_path: Path, data_dir: Path, capsys) -> None:
     _checkpoint(tmp_path, data_dir, "ngram_lr")
     params = tmp_path / "params.yaml"
     params.write_text(
@@ -251,9 +251,12 @@ def test_main_with_params_file(tmp_path: Path, data_dir: Path) -> None:
         f"  out_dir: {tmp_path / 'export'}\n",
         encoding="utf-8",
     )
-    # <last> does not exist: the alias must resolve and fail clearly.
-    with pytest.raises(FileNotFoundError, match="last"):
+    # <last> does not exist: the alias must resolve and fail with one clear line, exit status 2.
+    with pytest.raises(SystemExit) as exit_info:
         export_stage.main(["--params", str(params)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: checkpoint") and "run/last" in err and "Traceback" not in err
     result = export_stage.main(
         ["--params", str(params), f"checkpoint={tmp_path / 'run' / '<best>'}", "num_samples=5"]
     )
