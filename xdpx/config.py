@@ -144,21 +144,23 @@ class TrainConfig(_Section):
     num_filters: int = Field(128, ge=1, description="TextCNN filters per filter size.")
     filter_sizes: list[int] = Field([3, 4, 5], description="TextCNN convolution widths (tokens).")
     ngram_orders: list[int] = Field(
-        [1, 2, 3], description="ngram_lr: n-gram orders (each 1..5) hashed into buckets."
+        [1, 2, 3, 4], description="ngram_lr: n-gram orders (each 1..5) hashed into buckets."
     )
     ngram_buckets: int = Field(
-        1_048_576, ge=1, description="ngram_lr: hash buckets (rows of its weight table)."
+        4_194_304, ge=1, description="ngram_lr: hash buckets (rows of its weight table)."
     )
     dropout: float = Field(0.3, ge=0.0, lt=1.0, description="Dropout before the classifier.")
-    batch_size: int = Field(32, ge=1, description="Samples per micro-batch (per process).")
+    batch_size: int = Field(64, ge=1, description="Samples per micro-batch (per process).")
     update_freq: int = Field(
         1, ge=1, description="Micro-batches accumulated per update (gradient accumulation)."
     )
-    max_epoch: int = Field(10, ge=1, description="Stop after this many epochs.")
+    max_epoch: int = Field(5, ge=1, description="Stop after this many epochs.")
     max_update: int | None = Field(
         None, ge=1, description="Stop after this many updates (the smaller budget wins)."
     )
-    learning_rate: float = Field(1e-3, gt=0, description="Peak learning rate of AdamW.")
+    learning_rate: float = Field(
+        1e-2, gt=0, description="Peak AdamW learning rate (ngram_lr: 1e-2; textcnn/bilstm: 1e-3)."
+    )
     weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay.")
     adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     adam_eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
@@ -179,7 +181,7 @@ class TrainConfig(_Section):
         "accuracy", description="Valid metric for best checkpoint / early stop."
     )
     tolerance: int = Field(
-        5, ge=1, description="Early stop after this many evals without improvement."
+        3, ge=1, description="Early stop after this many evals without improvement."
     )
     log_interval: int = Field(20, ge=1, description="Write train.log.tsv every N updates.")
     seed: int = Field(

@@ -40,8 +40,8 @@ class NgramLR(nn.Module):
         self,
         vocab_size: int,
         num_labels: int,
-        ngram_orders: tuple[int, ...] | list[int] = (1, 2, 3),
-        ngram_buckets: int = 1_048_576,
+        ngram_orders: tuple[int, ...] | list[int] = (1, 2, 3, 4),
+        ngram_buckets: int = 4_194_304,
         pad_id: int = 0,
     ) -> None:
         super().__init__()
