@@ -101,8 +101,8 @@ def test_stage_argv_prefixes_bare_keys():
 
 
 def test_non_defaults_lists_only_changed_keys():
-    cfg = TrainConfig(learning_rate=0.01, seed=7)
-    assert non_defaults(cfg) == {"learning_rate": 0.01, "seed": 7}
+    cfg = TrainConfig(learning_rate=0.003, seed=7)
+    assert non_defaults(cfg) == {"learning_rate": 0.003, "seed": 7}
 
 
 def test_models_dict_matches_literal():
