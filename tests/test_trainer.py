@@ -79,6 +79,11 @@ def test_update_freq_equals_larger_batch(real_subset, tmp_path, model):
         dropout=0.0,
         max_update=6,
         eval_interval=1000,
+        log_interval=1,
+        learning_rate=1e-3,
+        # Adam divides by sqrt(v): a rounding-sized gradient (~1e-12) on a row the batch barely
+        # touches would become a full lr-sized step of either sign; a larger eps bounds that.
+        adam_eps=1e-6,
         embedding_dim=32,
         num_filters=16,
         ngram_buckets=5003,
@@ -94,6 +99,15 @@ def test_update_freq_equals_larger_batch(real_subset, tmp_path, model):
     )  # training moved the weights
     for k in pa:
         torch.testing.assert_close(pa[k], pb[k], atol=1e-5, rtol=0, msg=k)
+    # Adam is blind to a uniform gradient scale, so also check the normalised loss and the
+    # gradient norm of every update: a window not divided by its sample count shows here.
+    la, lb = (pd.read_csv(tmp_path / r / "train.log.tsv", sep="\t") for r in ("a", "b"))
+    assert len(la) == len(lb) == 6
+    np.testing.assert_allclose(la["loss"], lb["loss"], rtol=1e-5)
+    np.testing.assert_allclose(la["grad_norm"], lb["grad_norm"], rtol=1e-4)
+    assert (
+        la["samples_seen"].tolist() == lb["samples_seen"].tolist() == [32 * i for i in range(1, 7)]
+    )
 
 
 def test_same_seed_same_parameters_different_seed_differs(real_subset, tmp_path):
