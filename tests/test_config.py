@@ -115,3 +115,17 @@ def test_repo_params_yaml_is_valid():
     root = Path(__file__).resolve().parents[1]
     params = load_params(str(root / "params.yaml"))
     assert params.train.save_dir == "models/default"
+
+
+def test_repo_params_yaml_lists_every_key():
+    """params.yaml holds every knob (DESIGN.md): each model field appears in its section."""
+    from pathlib import Path
+
+    import yaml
+
+    from xdpx.config import SECTIONS
+
+    raw = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
+    for section, model in SECTIONS.items():
+        missing = set(model.model_fields) - set(raw[section])
+        assert not missing, f"params.yaml section {section} lacks {sorted(missing)}"
