@@ -63,16 +63,13 @@ def run(cfg: EvaluateConfig) -> EvaluateResult:
     if cm is not None:
         title = f"{cfg.splits[-1]}: accuracy {metrics[cfg.splits[-1]]['accuracy']:.4f}"
         save_figure(confusion_figure(cm, ckpt_labels, title), cfg.confusion_png)
-    run_dir = ckpt.path.rsplit("/", 1)[0] if "/" in ckpt.path else "."
+    run_dir = io.dirname(ckpt.path)
     valid_log = io.join(run_dir, "valid.log.tsv")
     if io.exists(valid_log):
         df = pd.read_csv(io.open(valid_log), sep="\t")
         major = _major_metric(run_dir)
         if major in df.columns and len(df):
-            curve = io.join(
-                cfg.confusion_png.rsplit("/", 1)[0] if "/" in cfg.confusion_png else ".",
-                "valid_curve.png",
-            )
+            curve = io.join(io.dirname(cfg.confusion_png), "valid_curve.png")
             save_figure(valid_curve_figure(df, major, METRIC_DIRECTIONS[major]), curve)
     return EvaluateResult(
         checkpoint=ckpt.path,

@@ -49,3 +49,9 @@ def test_replace_dir_swaps_whole_directory(tmp_path):
     io.replace_dir(tmp, str(final))
     assert sorted(os.listdir(final)) == ["new.txt"]
     assert sorted(os.listdir(tmp_path)) == ["ckpt"]
+
+
+def test_dirname_of_paths_and_urls():
+    assert io.dirname("models/run/best") == "models/run"
+    assert io.dirname("memory://bucket/run/best/") == "memory://bucket/run"
+    assert io.dirname("confusion.png") == "."

@@ -26,6 +26,7 @@ __all__ = [
     "isdir",
     "isfile",
     "join",
+    "dirname",
     "makedirs",
     "open",
     "open_atomic",
@@ -59,6 +60,12 @@ def join(base: str, *parts: str) -> str:
     for p in parts:
         out = f"{out}/{str(p).strip('/')}"
     return out
+
+
+def dirname(path: str) -> str:
+    """The parent of ``path`` (local path or URL); ``"."`` for a bare name."""
+    head, sep, _ = str(path).rstrip("/").rpartition("/")
+    return head if sep else "."
 
 
 def exists(path: str) -> bool:
