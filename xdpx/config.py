@@ -188,6 +188,48 @@ class TrainConfig(_Section):
         1, description="Init by seed; shuffle by (seed, epoch); dropout by (seed, update)."
     )
     threads: int | None = Field(None, ge=1, description="torch CPU threads; null = torch default.")
+    max_samples: int | None = Field(
+        None, ge=1, description="Stop after this many training samples (the smallest budget wins)."
+    )
+    save_interval: int | None = Field(
+        None, ge=1, description="Also save last/ every N updates; null = only at evaluations."
+    )
+    save_full_checkpoint: bool = Field(
+        False,
+        description="Put optimizer, scheduler, GradScaler, RNG states and data position in last/ (resume needs it).",
+    )
+    resume: bool = Field(
+        False,
+        description="Continue from <save_dir>/last (mid-epoch, bit-exact); start fresh if save_dir holds no run.",
+    )
+    resume_from: str | None = Field(
+        None, description="Full checkpoint to continue from (dir or <run>/<last>); implies resume."
+    )
+    min_loss_scale: float = Field(
+        1e-4,
+        gt=0,
+        description="fp16: stop with an error when the loss scale falls below this (fairseq default).",
+    )
+    auto_ga: bool = Field(
+        False,
+        description="On CUDA out-of-memory retry the update with half the micro-batch, double update_freq.",
+    )
+    max_loss: float | None = Field(
+        None, gt=0, description="Stop with an error when an update's loss exceeds this."
+    )
+    inspect_grad: bool = Field(
+        False,
+        description="Log per-module gradient norms to grad.log.tsv every log_interval updates.",
+    )
+    log_sample_ids: bool = Field(
+        False,
+        description="Log the sample ids of every update to samples.log.tsv (data-order audits).",
+    )
+    profile: bool = Field(
+        False,
+        description="Write a torch.profiler trace of profile_steps updates to <save_dir>/profile/.",
+    )
+    profile_steps: int = Field(5, ge=1, description="Updates traced when profile is on.")
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
@@ -208,6 +250,12 @@ class TrainConfig(_Section):
                 raise ValueError(
                     "fp16 needs a CUDA device (GradScaler); use precision=bf16 or fp32 on CPU"
                 )
+        if (self.resume or self.resume_from) and not self.save_full_checkpoint:
+            raise ValueError(
+                "resume needs save_full_checkpoint=true (so the resumed run keeps saving full checkpoints)"
+            )
+        if (self.resume or self.resume_from) and self.overwrite:
+            raise ValueError("resume and overwrite contradict each other; set only one")
         if self.eval_interval == 0 or self.eval_interval < -1:
             raise ValueError(
                 f"eval_interval must be -1 (epoch end) or positive, got {self.eval_interval}"

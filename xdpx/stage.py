@@ -8,13 +8,15 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from xdpx.config import ConfigError, load_params, stage_argv
+from xdpx.errors import DivergenceError
 
 R = TypeVar("R")
 
 #: Errors that mean "bad input", reported as one line instead of a traceback:
 #: config errors, missing paths/checkpoints (FileNotFoundError), an existing run
-#: (FileExistsError) and malformed data (DataError and other ValueErrors).
-USER_ERRORS = (ConfigError, FileNotFoundError, FileExistsError, ValueError)
+#: (FileExistsError), malformed data (DataError and other ValueErrors) and a
+#: diverged training run (DivergenceError: NaN loss, max_loss, fp16 loss scale).
+USER_ERRORS = (ConfigError, FileNotFoundError, FileExistsError, ValueError, DivergenceError)
 
 
 def stage_main(

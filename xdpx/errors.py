@@ -1,0 +1,17 @@
+"""Errors a training run stops with; importable without torch (``xdpx.stage`` reports them in one line)."""
+
+from __future__ import annotations
+
+__all__ = ["DivergenceError", "NonFiniteLossError", "LossScaleError"]
+
+
+class DivergenceError(RuntimeError):
+    """Training diverged: the loss exceeded ``train.max_loss``, became NaN/Inf, or fp16 overflowed for good."""
+
+
+class NonFiniteLossError(DivergenceError):
+    """The loss or the gradient became NaN/Inf; the message names the first non-finite module."""
+
+
+class LossScaleError(DivergenceError):
+    """fp16: the GradScaler loss scale fell below ``train.min_loss_scale`` (persistent overflow)."""
