@@ -6,14 +6,30 @@ A checkpoint directory holds::
     config.json         {"model": name, "model_config": {...}, "update": .., "epoch": .., "samples_seen": .., "valid": {...}}
     vocab.txt, target_map.txt, meta.json   copies from the prepared data dir
 
+    manifest.json       size and sha256 of every other file (checked on load)
+
 so evaluate/predict/export/serve can rebuild the model and the exact
 preprocessing from the directory alone. ``<run_dir>/<best>`` and
 ``<run_dir>/<last>`` are aliases of ``<run_dir>/best`` and ``<run_dir>/last``.
+
+With ``train.save_full_checkpoint`` the ``last`` directory also holds the
+training state a bit-exact resume needs (``TRAINING_FILES``)::
+
+    trainer_state.json  epoch, position in the epoch, update, samples seen, best score,
+                        log rows, python/numpy RNG states
+    optimizer.pt, scheduler.pt, scaler.pt, rng.pt   state dicts / torch+CUDA RNG states
+                        (plain tensors and containers: ``torch.load(weights_only=True)``)
+
+A directory is written beside its destination and renamed into place, so a
+crash while saving leaves the previous complete checkpoint.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io as _bytes_io
 import json
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,11 +48,18 @@ __all__ = [
     "resolve_checkpoint",
     "save_checkpoint",
     "load_checkpoint",
+    "verify_checkpoint",
+    "load_training_state",
+    "find_resumable",
+    "TRAINING_FILES",
 ]
 
 #: Files copied from the prepared data dir into every checkpoint.
 ASSETS = ("vocab.txt", "target_map.txt", "meta.json")
 ALIASES = {"<best>": "best", "<last>": "last"}
+MANIFEST = "manifest.json"
+#: Extra files of a full checkpoint (``train.save_full_checkpoint``).
+TRAINING_FILES = ("trainer_state.json", "optimizer.pt", "scheduler.pt", "scaler.pt", "rng.pt")
 
 
 class CheckpointError(FileNotFoundError):
@@ -77,6 +100,7 @@ def save_checkpoint(
     model_config: dict[str, Any],
     info: dict[str, Any],
     assets_dir: str,
+    extra_files: dict[str, bytes] | None = None,
 ) -> None:
     """Write a checkpoint directory atomically (temp sibling, then replace).
 
@@ -87,17 +111,27 @@ def save_checkpoint(
         model_config: constructor arguments of the model.
         info: training state to record (update, epoch, samples_seen, valid metrics).
         assets_dir: prepared data dir whose vocab/target map/meta are copied.
+        extra_files: more files (name -> bytes), e.g. the ``TRAINING_FILES`` of a full checkpoint.
     """
     tmp = io.tmp_sibling(path)
     try:
         state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-        io.write_bytes(io.join(tmp, "model.safetensors"), st_save(state))
         config = {"model": name, "model_config": model_config, **info}
-        io.write_text(io.join(tmp, "config.json"), json.dumps(config, indent=2, ensure_ascii=False))
+        files = {
+            "model.safetensors": st_save(state),
+            "config.json": json.dumps(config, indent=2, ensure_ascii=False).encode(),
+        }
         for asset in ASSETS:
             src = io.join(assets_dir, asset)
             if io.exists(src):
-                io.write_bytes(io.join(tmp, asset), io.read_bytes(src))
+                files[asset] = io.read_bytes(src)
+        files.update(extra_files or {})
+        manifest = {
+            n: {"bytes": len(b), "sha256": hashlib.sha256(b).hexdigest()} for n, b in files.items()
+        }
+        files[MANIFEST] = json.dumps(manifest, indent=2).encode()
+        for n, b in files.items():
+            io.write_bytes(io.join(tmp, n), b)
         io.replace_dir(tmp, path)
     except BaseException:
         io.rm(tmp, recursive=True)
@@ -112,6 +146,7 @@ def load_checkpoint(path: str, device: str | torch.device = "cpu") -> Checkpoint
             match the saved config (missing or unexpected keys are listed).
     """
     path = resolve_checkpoint(path)
+    verify_checkpoint(path)
     config = json.loads(io.read_text(io.join(path, "config.json")))
     model = build_model(config["model"], config["model_config"])
     try:
@@ -129,3 +164,95 @@ def load_checkpoint(path: str, device: str | torch.device = "cpu") -> Checkpoint
     return Checkpoint(
         path=path, model=model, name=config["model"], model_config=config["model_config"], info=info
     )
+
+
+def verify_checkpoint(path: str) -> None:
+    """Check every file listed in the checkpoint's ``manifest.json`` (size, then sha256).
+
+    Checkpoints written before manifests existed pass unchecked.
+
+    Raises:
+        CheckpointError: a listed file is missing, truncated or corrupt (names the file).
+    """
+    manifest_path = io.join(path, MANIFEST)
+    if not io.exists(manifest_path):
+        return
+    try:
+        manifest = json.loads(io.read_text(manifest_path))
+    except ValueError as e:
+        raise CheckpointError(f"{manifest_path} is corrupt: {e}") from None
+    for name, entry in manifest.items():
+        file = io.join(path, name)
+        if not io.exists(file):
+            raise CheckpointError(f"checkpoint {path!r} is incomplete: {name} is missing")
+        data = io.read_bytes(file)
+        if len(data) != entry["bytes"]:
+            raise CheckpointError(
+                f"{file} is truncated or corrupt: {len(data)} bytes, the manifest says {entry['bytes']}"
+            )
+        if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+            raise CheckpointError(f"{file} is corrupt: sha256 differs from the manifest")
+
+
+def find_resumable(run_dir: str) -> str | None:
+    """The newest full checkpoint of a run directory, or None if it has none.
+
+    ``<run_dir>/last`` normally; if a crash hit the instant between the two
+    renames of an atomic replace, the complete previous ``last.old-*`` copy.
+    """
+    last = io.join(run_dir, "last")
+    if io.exists(io.join(last, "trainer_state.json")):
+        return last
+    if io.is_local(run_dir) and os.path.isdir(run_dir):
+        olds = sorted(
+            (e for e in os.scandir(run_dir) if e.name.startswith("last.old-") and e.is_dir()),
+            key=lambda e: e.stat().st_mtime,
+            reverse=True,
+        )
+        for entry in olds:
+            if os.path.exists(os.path.join(entry.path, "trainer_state.json")):
+                return entry.path
+    return None
+
+
+def load_training_state(path: str) -> dict[str, Any]:
+    """Load a full checkpoint's training state (see the module docstring).
+
+    Tensors are read with ``safetensors`` / ``torch.load(weights_only=True)``:
+    no pickled code runs.
+
+    Returns:
+        ``{"trainer_state": dict, "optimizer": dict, "scheduler": dict, "scaler": dict,
+        "rng": dict, "model": {name: tensor}}``.
+
+    Raises:
+        CheckpointError: a file is missing (the checkpoint was saved without
+            ``save_full_checkpoint``), truncated or corrupt.
+    """
+    path = resolve_checkpoint(path)
+    missing = [n for n in TRAINING_FILES if not io.exists(io.join(path, n))]
+    if missing:
+        raise CheckpointError(
+            f"{path} is not a full checkpoint (no {', '.join(missing)}); "
+            "it was saved without train.save_full_checkpoint=true"
+        )
+    verify_checkpoint(path)
+    out: dict[str, Any] = {}
+    for name in TRAINING_FILES:
+        file = io.join(path, name)
+        try:
+            if name.endswith(".json"):
+                out["trainer_state"] = json.loads(io.read_text(file))
+            else:
+                out[name[:-3]] = torch.load(
+                    _bytes_io.BytesIO(io.read_bytes(file)), weights_only=True, map_location="cpu"
+                )
+        except Exception as e:  # torch/json raise many types on truncated input
+            raise CheckpointError(
+                f"{file} is truncated or corrupt: {type(e).__name__}: {e}"
+            ) from None
+    try:
+        out["model"] = st_load(io.read_bytes(io.join(path, "model.safetensors")))
+    except Exception as e:
+        raise CheckpointError(f"{path}/model.safetensors is corrupt: {e}") from None
+    return out
