@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import platform
 import subprocess
 import sys
 
 import torch
+import torch.distributed as dist
 
 from xdpx import io
+from xdpx.checkpoint import CheckpointError, find_resumable, resolve_checkpoint
 from xdpx.config import TrainConfig, dump_yaml, non_defaults
 from xdpx.data import load_split
 from xdpx.models import build_model, model_config_from
@@ -37,8 +40,14 @@ def _git(*args: str) -> str:
         return ""
 
 
-def write_bundle(cfg: TrainConfig, meta: dict) -> None:
-    """Reproducibility bundle: resolved params, non-default starter config, code and library versions."""
+def write_bundle(cfg: TrainConfig, meta: dict, resumed_from: str | None = None) -> None:
+    """Reproducibility bundle: resolved params, non-default starter config, code and library versions.
+
+    Writes ``params.yaml`` (the resolved train section + the prepro config
+    from meta.json), ``starter.yaml`` (only non-default train keys; usable as
+    ``--params``), and ``repro.json`` (command line, git commit and dirty
+    diff, python/torch/transformers versions, world size, resumed_from).
+    """
     import transformers
 
     io.write_text(
@@ -53,29 +62,80 @@ def write_bundle(cfg: TrainConfig, meta: dict) -> None:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
+        "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+        "resumed_from": resumed_from,
     }
     io.write_text(io.join(cfg.save_dir, "repro.json"), json.dumps(repro, indent=2))
+
+
+def _init_distributed(cfg: TrainConfig) -> bool:
+    """Join the torchrun process group (gloo on CPU, NCCL on CUDA); False when not under torchrun."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1 or dist.is_initialized():
+        return False
+    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    if use_cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    return True
+
+
+def _resume_path(cfg: TrainConfig) -> str | None:
+    """The full checkpoint to resume from, or None to start fresh.
+
+    Raises:
+        CheckpointError: ``resume_from`` given but not a full checkpoint, or
+            ``resume`` with a save_dir that holds a run but no full checkpoint.
+    """
+    if cfg.resume_from:
+        return resolve_checkpoint(cfg.resume_from)
+    if not cfg.resume:
+        return None
+    path = find_resumable(cfg.save_dir)
+    if path is None and any(io.exists(io.join(cfg.save_dir, n)) for n in RUN_MARKERS):
+        raise CheckpointError(
+            f"train.resume: {cfg.save_dir} holds a run but no full checkpoint (last/trainer_state.json); "
+            "it was trained without save_full_checkpoint=true"
+        )
+    if path is None:
+        log.info("train.resume: nothing to resume in %s; starting a new run", cfg.save_dir)
+    return path
 
 
 def run(cfg: TrainConfig) -> TrainResult:
     """Train one model; see the module docstring for the outputs.
 
+    Under torchrun (``WORLD_SIZE`` > 1) every process calls this: the process
+    group is created here (gloo on CPU, NCCL on CUDA), rank 0 prepares the run
+    directory and the bundle, and all ranks train in lockstep.
+
     Raises:
         FileNotFoundError: ``data_dir`` has no ``meta.json`` (run prepro first).
-        FileExistsError: ``save_dir`` exists and ``overwrite`` is false.
+        FileExistsError: ``save_dir`` exists and neither ``overwrite`` nor ``resume`` is set.
+        CheckpointError: the checkpoint to resume from is missing, partial or corrupt.
+        ValueError: the checkpoint was trained with an incompatible config.
     """
     meta_path = io.join(cfg.data_dir, "meta.json")
     if not io.exists(meta_path):
         raise FileNotFoundError(f"train.data_dir: {meta_path} not found; run prepro first")
+    resume_path = _resume_path(cfg)
     previous = [name for name in RUN_MARKERS if io.exists(io.join(cfg.save_dir, name))]
-    if previous:
-        if not cfg.overwrite:
-            raise FileExistsError(
-                f"train.save_dir: {cfg.save_dir} already holds a run ({', '.join(previous)}); "
-                "set train.overwrite=true to replace it"
-            )
-        io.rm(cfg.save_dir, recursive=True)
-    meta = json.loads(io.read_text(meta_path))
+    if previous and resume_path is None and not cfg.overwrite:
+        raise FileExistsError(
+            f"train.save_dir: {cfg.save_dir} already holds a run ({', '.join(previous)}); "
+            "set train.overwrite=true to replace it or train.resume=true to continue it"
+        )
+    distributed = _init_distributed(cfg)
+    try:
+        return _train(cfg, resume_path, wipe=bool(previous) and resume_path is None)
+    finally:
+        if distributed:
+            dist.destroy_process_group()
+
+
+def _train(cfg: TrainConfig, resume_path: str | None, wipe: bool) -> TrainResult:
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    meta = json.loads(io.read_text(io.join(cfg.data_dir, "meta.json")))
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     train = load_split(cfg.data_dir, cfg.train_subset)
@@ -88,8 +148,13 @@ def run(cfg: TrainConfig) -> TrainResult:
         cfg.model, cfg, meta["vocab_size"], meta["num_labels"], meta.get("pad_id", 0)
     )
     model = build_model(cfg.model, model_config)
-    io.makedirs(cfg.save_dir)
-    write_bundle(cfg, meta)
+    if rank == 0:
+        if wipe:
+            io.rm(cfg.save_dir, recursive=True)
+        io.makedirs(cfg.save_dir)
+        write_bundle(cfg, meta, resumed_from=resume_path)
+    if dist.is_initialized():
+        dist.barrier()  # the run directory is ready before any rank writes to it
     n_params = sum(p.numel() for p in model.parameters())
     log.info(
         "model %s: %d parameters; %d train / %d valid samples",
@@ -110,13 +175,44 @@ def run(cfg: TrainConfig) -> TrainResult:
         assets_dir=cfg.data_dir,
         pad_id=meta.get("pad_id", 0),
     )
+    if resume_path is not None:
+        trainer.resume(resume_path)
     result = trainer.fit()
-    io.write_text(io.join(cfg.save_dir, "result.json"), json.dumps(result.__dict__, indent=2))
+    if rank == 0:
+        io.write_text(io.join(cfg.save_dir, "result.json"), json.dumps(result.__dict__, indent=2))
     return result
 
 
-def main(argv: list[str] | None = None) -> TrainResult:
-    """``python -m stages.train [--params params.yaml] [train.key=value ...]``."""
+def launch_torchrun(nproc: int, argv: list[str]) -> int:
+    """Re-run ``python -m stages.train argv`` under ``torchrun --standalone --nproc_per_node nproc``.
+
+    Returns:
+        torchrun's exit status.
+    """
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd += ["--nproc_per_node", str(nproc), "-m", "stages.train", *argv]
+    log.info("launching %s", " ".join(cmd))
+    return subprocess.call(cmd)
+
+
+def main(argv: list[str] | None = None) -> TrainResult | None:
+    """``python -m stages.train [--nproc N] [--params params.yaml] [train.key=value ...]``.
+
+    ``--nproc N`` (N > 1) relaunches the same command under ``torchrun`` with
+    N processes (DDP; gloo on CPU, NCCL on CUDA) and exits with its status.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--nproc" in args:
+        i = args.index("--nproc")
+        try:
+            nproc = int(args[i + 1])
+        except (IndexError, ValueError):
+            print("error: --nproc needs a process count, e.g. --nproc 2", file=sys.stderr)
+            raise SystemExit(2) from None
+        del args[i : i + 2]
+        if nproc > 1 and "LOCAL_RANK" not in os.environ:
+            logging.basicConfig(level=logging.INFO)
+            raise SystemExit(launch_torchrun(nproc, args))
     return stage_main(
         "train",
         run,
@@ -124,7 +220,7 @@ def main(argv: list[str] | None = None) -> TrainResult:
             f"trained {r.num_updates} updates ({r.samples_seen} samples, {r.epochs} epochs); "
             f"best valid {r.major_metric}={r.best_score} at update {r.best_update}"
         ),
-        argv,
+        args,
     )
 
 
