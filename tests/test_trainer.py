@@ -13,7 +13,7 @@ from xdpx.checkpoint import load_checkpoint
 from xdpx.config import TrainConfig
 from xdpx.data import load_split
 from xdpx.models import build_model, model_config_from
-from xdpx.trainer import NonFiniteLossError, Trainer, epoch_order
+from xdpx.trainer import DivergenceError, NonFiniteLossError, Trainer, epoch_order
 
 
 def make_trainer(prepared: str, save_dir: str, **overrides) -> Trainer:
@@ -170,3 +170,131 @@ def test_bf16_trains_on_cpu(real_subset, tmp_path):
         ngram_buckets=1009,
     ).fit()
     assert result.num_updates == 4 and np.isfinite(result.best_score)
+
+
+def test_nan_injected_into_one_module_output_is_named(real_subset, tmp_path):
+    _, prepared = real_subset
+    trainer = make_trainer(prepared, str(tmp_path / "a"), model="textcnn", max_update=3)
+    trainer.model.convs[1].register_forward_hook(lambda m, i, out: out * float("nan"))
+    with pytest.raises(NonFiniteLossError) as e:
+        trainer.fit()
+    assert "output of module 'convs.1' (Conv1d)" in str(e.value)
+    assert "at update 1" in str(e.value)
+
+
+def test_nan_injected_into_one_gradient_is_named(real_subset, tmp_path):
+    _, prepared = real_subset
+    trainer = make_trainer(prepared, str(tmp_path / "a"), model="textcnn", max_update=3)
+    trainer.model.convs[2].weight.register_hook(lambda g: g * float("nan"))
+    with pytest.raises(NonFiniteLossError, match="non-finite gradient norm") as e:
+        trainer.fit()
+    assert "gradient of parameter 'convs.2.weight' (module 'convs.2')" in str(e.value)
+
+
+def test_max_loss_stops_training(real_subset, tmp_path):
+    _, prepared = real_subset
+    trainer = make_trainer(prepared, str(tmp_path / "a"), model="ngram_lr", max_loss=0.01)
+    with pytest.raises(DivergenceError, match=r"loss 0\.69\d+ > max_loss 0\.01 at update 1"):
+        trainer.fit()
+
+
+def test_update_freq_change_keeps_data_order(real_subset, tmp_path):
+    """batch 32 x 1 and batch 8 x 4 read the same samples in the same updates (two epochs)."""
+    _, prepared = real_subset
+    common = dict(model="ngram_lr", ngram_buckets=1009, max_update=40, log_sample_ids=True)
+    make_trainer(prepared, str(tmp_path / "a"), batch_size=32, **common).fit()
+    make_trainer(prepared, str(tmp_path / "b"), batch_size=8, update_freq=4, **common).fit()
+    a, b = (pd.read_csv(tmp_path / r / "samples.log.tsv", sep="\t") for r in ("a", "b"))
+    assert len(a) == 40 and a["epoch"].max() == 2
+    pd.testing.assert_frame_equal(a, b)
+    first = [int(i) for i in a["sample_ids"].iloc[0].split(",")]
+    n = len(load_split(prepared, "train").labels)
+    assert first == epoch_order(n, 1, 1)[:32].tolist()
+
+
+def test_auto_ga_halves_micro_batch_on_oom_and_keeps_the_update(real_subset, tmp_path, caplog):
+    """A (simulated) CUDA OOM above 8 samples: the update is redone in micro-batches of 8."""
+    _, prepared = real_subset
+    common = dict(
+        model="textcnn",
+        dropout=0.0,
+        max_update=4,
+        eval_interval=1000,
+        log_interval=1,
+        learning_rate=1e-3,
+        adam_eps=1e-6,
+        embedding_dim=32,
+        num_filters=16,
+        batch_size=32,
+    )
+
+    class OOMAbove8(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.min_len = inner, inner.min_len
+
+        def forward(self, x):
+            if self.training and x.shape[0] > 8:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+            return self.inner(x)
+
+    ref = make_trainer(prepared, str(tmp_path / "ref"), **common)
+    ga = make_trainer(prepared, str(tmp_path / "ga"), auto_ga=True, **common)
+    ga.model = ga.module = OOMAbove8(ga.model)
+    with caplog.at_level("WARNING", logger="xdpx.trainer"):
+        ga.fit()
+    ref.fit()
+    assert ga.state.micro_batch_size == 8
+    assert [r.message for r in caplog.records].count(caplog.records[0].message) == 1
+    assert "auto_ga" in caplog.records[0].message and "micro-batch 16" in caplog.records[0].message
+    pr = params_of(ref)
+    for k, v in ga.model.inner.state_dict().items():
+        torch.testing.assert_close(v, pr[k], atol=1e-5, rtol=0, msg=k)
+    no_ga = make_trainer(prepared, str(tmp_path / "no"), **common)
+    no_ga.model = no_ga.module = OOMAbove8(no_ga.model)
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        no_ga.fit()
+
+
+def test_inspect_grad_summaries_profile_and_max_samples(real_subset, tmp_path):
+    from xdpx import log as xlog
+    from xdpx.models.textcnn import TextCNN
+
+    class Reporting(TextCNN):
+        def forward(self, input_ids):
+            logits = super().forward(input_ids)
+            xlog.add_summary("logit_spread", (logits[:, 1] - logits[:, 0]).abs().mean())
+            return logits
+
+    _, prepared = real_subset
+    run = tmp_path / "a"
+    trainer = make_trainer(
+        prepared,
+        str(run),
+        model="textcnn",
+        embedding_dim=16,
+        num_filters=8,
+        batch_size=32,
+        max_samples=300,
+        log_interval=2,
+        inspect_grad=True,
+        profile=True,
+        profile_steps=2,
+    )
+    reporting = Reporting(**trainer.model_config)
+    reporting.load_state_dict(trainer.model.state_dict())
+    trainer.model = trainer.module = reporting
+    trainer.optimizer.param_groups[0]["params"] = list(reporting.parameters())
+    result = trainer.fit()
+    assert result.num_updates == 10 and result.samples_seen == 320  # ceil(300 / 32) updates
+    train_log = pd.read_csv(run / "train.log.tsv", sep="\t")
+    assert train_log["logit_spread"].notna().all() and train_log["logit_spread"].iloc[-1] > 0
+    assert (run / "dvclive" / "plots" / "metrics" / "train" / "logit_spread.tsv").exists()
+    grads = pd.read_csv(run / "grad.log.tsv", sep="\t")
+    groups = [c for c in grads.columns if c.startswith("grad_norm/")]
+    assert sorted(groups) == ["grad_norm/classifier", "grad_norm/convs", "grad_norm/embedding"]
+    # the group norms compose to the total (pre-clip) norm logged in train.log.tsv
+    total = np.sqrt((grads[groups] ** 2).sum(axis=1))
+    np.testing.assert_allclose(total, train_log["grad_norm"], rtol=1e-4)
+    trace = json.loads((run / "profile" / "trace.json").read_text())
+    assert any("aten::" in str(e.get("name", "")) for e in trace["traceEvents"])

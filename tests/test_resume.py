@@ -1,0 +1,220 @@
+"""Full checkpoints: SIGKILL mid-epoch + resume == uninterrupted; corrupt and interrupted saves."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from xdpx import io
+from xdpx.checkpoint import CheckpointError, load_checkpoint, load_training_state
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def train_params(tmp_path: Path, prepared: str, save_dir: Path, **train) -> Path:
+    """A params file with only a train section (every other key default)."""
+    cfg = {
+        "data_dir": prepared,
+        "save_dir": str(save_dir),
+        "model": "textcnn",
+        "embedding_dim": 64,
+        "num_filters": 64,
+        "dropout": 0.3,  # dropout on: its per-update seeding must survive the resume
+        "learning_rate": 1e-3,
+        "batch_size": 8,
+        "max_epoch": 2,
+        "eval_interval": 10,
+        "log_interval": 5,
+        "save_full_checkpoint": True,
+        "threads": 1,
+        **train,
+    }
+    path = tmp_path / f"{save_dir.name}.yaml"
+    path.write_text(yaml.safe_dump({"train": cfg}))
+    return path
+
+
+def start_train(params: Path, *overrides: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "stages.train", "--params", str(params), *overrides],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def weights(run: Path, name: str) -> dict[str, torch.Tensor]:
+    return load_file(str(run / name / "model.safetensors"))
+
+
+def test_sigkill_mid_epoch_then_resume_is_bit_identical(real_subset, tmp_path):
+    _, prepared = real_subset
+    full_dir, killed_dir = tmp_path / "full", tmp_path / "killed"
+    full = start_train(train_params(tmp_path, prepared, full_dir))
+    killed = start_train(train_params(tmp_path, prepared, killed_dir))
+    state_file = killed_dir / "last" / "trainer_state.json"
+    deadline = time.monotonic() + 300
+    state = None
+    while time.monotonic() < deadline and killed.poll() is None:
+        if state_file.exists():
+            try:
+                state = json.loads(state_file.read_text())
+            except ValueError:  # caught between the two renames: try again
+                state = None
+            if state and state["num_updates"] >= 20:
+                break
+        time.sleep(0.02)
+    assert killed.poll() is None, "the run finished before it could be killed; make it longer"
+    killed.send_signal(signal.SIGKILL)
+    killed.wait(timeout=60)
+    assert killed.returncode == -signal.SIGKILL
+    assert not (killed_dir / "result.json").exists()
+    state = json.loads(state_file.read_text())
+    assert state["epoch"] == 1 and 0 < state["epoch_pos"], "checkpoint must be mid-epoch"
+
+    resumed = start_train(train_params(tmp_path, prepared, killed_dir), "train.resume=true")
+    _, err = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, err
+    _, err = full.communicate(timeout=600)
+    assert full.returncode == 0, err
+
+    for name in ("best", "last"):
+        a, b = weights(full_dir, name), weights(killed_dir, name)
+        assert a.keys() == b.keys()
+        for k in a:
+            assert torch.equal(a[k], b[k]), f"{name}/{k} differs after resume"
+    assert (full_dir / "valid.log.tsv").read_bytes() == (killed_dir / "valid.log.tsv").read_bytes()
+    ta, tb = (pd.read_csv(d / "train.log.tsv", sep="\t") for d in (full_dir, killed_dir))
+    pd.testing.assert_frame_equal(ta.drop(columns="wall_time"), tb.drop(columns="wall_time"))
+    repro = json.loads((killed_dir / "repro.json").read_text())
+    assert repro["resumed_from"].endswith("last")
+
+
+def test_truncated_checkpoint_clear_error_previous_survives_failed_save(
+    real_subset, tmp_path, monkeypatch
+):
+    from tests.test_trainer import make_trainer
+
+    _, prepared = real_subset
+    run = tmp_path / "run"
+    trainer = make_trainer(
+        prepared,
+        str(run),
+        model="ngram_lr",
+        ngram_buckets=1009,
+        max_update=4,
+        eval_interval=2,
+        save_full_checkpoint=True,
+    )
+    trainer.fit()
+    good = load_training_state(str(run / "<last>"))
+    assert good["trainer_state"]["num_updates"] == 4 and good["trainer_state"]["finished"]
+
+    # a save that dies half-way leaves the previous complete checkpoint in place
+    real_write = io.write_bytes
+    calls = {"n": 0}
+
+    def dying_write(path, data):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError("disk full (simulated)")
+        return real_write(path, data)
+
+    monkeypatch.setattr(io, "write_bytes", dying_write)
+    with pytest.raises(OSError, match="disk full"):
+        trainer._save("last", {"update": 99}, full=True)
+    monkeypatch.setattr(io, "write_bytes", real_write)
+    assert load_checkpoint(str(run / "last")).info["update"] == 4
+    assert not [p for p in os.listdir(run) if ".tmp-" in p], "temp directory left behind"
+
+    # a truncated file is named in the error
+    opt = run / "last" / "optimizer.pt"
+    opt.write_bytes(opt.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match=r"optimizer\.pt is truncated"):
+        load_training_state(str(run / "last"))
+
+
+def test_resume_rules(real_subset, tmp_path):
+    """resume=true on an empty dir starts fresh; a changed batch size or a model-only run is refused."""
+    _, prepared = real_subset
+    common = ["train.model=ngram_lr", "train.ngram_buckets=1009", "train.max_update=3"]
+    params = train_params(tmp_path, prepared, tmp_path / "run")
+    fresh = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stages.train",
+            "--params",
+            str(params),
+            "train.resume=true",
+            *common,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert fresh.returncode == 0, fresh.stderr
+    changed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stages.train",
+            "--params",
+            str(params),
+            "train.resume=true",
+            "train.batch_size=16",
+            *common,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert changed.returncode == 2
+    assert "batch_size: 8 -> 16" in changed.stderr
+    plain = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stages.train",
+            "--params",
+            str(params),
+            "train.overwrite=true",
+            "train.save_full_checkpoint=false",
+            *common,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert plain.returncode == 0, plain.stderr
+    refused = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stages.train",
+            "--params",
+            str(params),
+            "train.resume=true",
+            *common,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert refused.returncode == 2 and "no full checkpoint" in refused.stderr
