@@ -32,8 +32,9 @@ test: install
 lint: install
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
-bench: install  ## the classical baseline vs the demo's test accuracy
+bench: install  ## the classical baseline vs the demo's test accuracy; Trainer vs bare-loop speed
 	$(PY) bench/baseline.py --metrics reports/metrics.json
+	$(PY) bench/trainer_overhead.py
 
 clean:
 	rm -rf data/raw data/prepared models reports/*.json reports/*.png reports/*.tsv
