@@ -15,7 +15,7 @@ import logging
 import pandas as pd
 from pydantic import BaseModel
 
-from xdpx import io
+from xdpx import io, preflight
 from xdpx.checkpoint import load_checkpoint
 from xdpx.config import EvaluateConfig
 from xdpx.data import load_split
@@ -43,6 +43,7 @@ def run(cfg: EvaluateConfig) -> EvaluateResult:
         CheckpointError: missing/incomplete checkpoint or alias.
         ValueError: the data's target map differs from the checkpoint's.
     """
+    cfg = preflight.check("evaluate", cfg)
     ckpt = load_checkpoint(cfg.checkpoint)
     data_labels = io.read_text(io.join(cfg.data_dir, "target_map.txt")).split()
     ckpt_labels = io.read_text(io.join(ckpt.path, "target_map.txt")).split()

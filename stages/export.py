@@ -41,7 +41,7 @@ import onnxruntime
 import torch
 from pydantic import BaseModel, Field
 
-from xdpx import io
+from xdpx import io, preflight
 from xdpx.checkpoint import ASSETS, load_checkpoint
 from xdpx.config import ExportConfig
 from xdpx.data import load_split
@@ -141,6 +141,7 @@ def run(cfg: ExportConfig) -> ExportResult:
         ExportParityError: onnxruntime logits differ from eager ones by more than
             ``cfg.atol``; ``out_dir`` then holds no ``model.onnx`` / ``report.json``.
     """
+    cfg = preflight.check("export", cfg)
     ckpt = load_checkpoint(cfg.checkpoint)
     model = ckpt.model.cpu().eval()
     pad_id = int(ckpt.model_config.get("pad_id", 0))

@@ -13,11 +13,11 @@ import logging
 
 from pydantic import BaseModel
 
-from xdpx import io
+from xdpx import io, preflight
 from xdpx.checkpoint import load_checkpoint
 from xdpx.config import PredictConfig, PreproConfig
 from xdpx.data import DataError, Encoder, read_examples
-from xdpx.inference import predict_probs
+from xdpx.inference import format_probs, predict_probs
 from xdpx.stage import stage_main
 
 log = logging.getLogger("xdpx.predict")
@@ -40,6 +40,7 @@ def run(cfg: PredictConfig) -> PredictResult:
         DataError: a malformed input line (file:line and reason), unless the
             training prepro had ``skip_bad_lines``.
     """
+    cfg = preflight.check("predict", cfg)
     ckpt = load_checkpoint(cfg.checkpoint)
     meta = json.loads(io.read_text(io.join(ckpt.path, "meta.json")))
     prepro = PreproConfig(**meta["prepro"])
@@ -61,7 +62,7 @@ def run(cfg: PredictConfig) -> PredictResult:
         pred = labels[int(p.argmax())]
         counts[pred] += 1
         origin = [data.rows[i].get(c, "") for c in data.columns] if cfg.concat_origin else []
-        lines.append("\t".join(origin + [pred] + [f"{x:.6f}" for x in p]))
+        lines.append("\t".join(origin + [pred] + format_probs(p)))
     io.write_text(cfg.out_file, "\n".join(lines) + "\n")
     log.info("predicted %d rows -> %s (%s)", len(probs), cfg.out_file, counts)
     return PredictResult(

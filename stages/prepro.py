@@ -22,7 +22,7 @@ import numpy as np
 from pydantic import BaseModel
 from tqdm import tqdm
 
-from xdpx import io
+from xdpx import io, preflight
 from xdpx.config import ConfigError, PreproConfig
 from xdpx.data import (
     META_FILE,
@@ -150,6 +150,7 @@ def run(cfg: PreproConfig) -> PreproResult:
             target-map file, or an empty train split.
         ConfigError: the hf tokenizer cannot be loaded.
     """
+    cfg = preflight.check("prepro", cfg)
     results, target_map = _read_splits(cfg)
     encoder, vocab_lines = _build_encoder(cfg, results["train"], target_map)
     log.info("vocab: %d ids; labels: %s", encoder.vocab_size, target_map.labels)

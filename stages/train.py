@@ -17,18 +17,18 @@ import sys
 import torch
 import torch.distributed as dist
 
-from xdpx import io
+from xdpx import io, preflight
 from xdpx.checkpoint import CheckpointError, find_resumable, resolve_checkpoint
 from xdpx.config import TrainConfig, dump_yaml, non_defaults
 from xdpx.data import load_split
 from xdpx.models import build_model, model_config_from
+from xdpx.preflight import RUN_MARKERS
 from xdpx.stage import stage_main
 from xdpx.trainer import Trainer, TrainResult
 
 log = logging.getLogger("xdpx.train")
 
 #: Files whose presence means save_dir already holds a run (``export/`` alone does not count).
-RUN_MARKERS = ("best", "last", "train.log.tsv", "valid.log.tsv", "params.yaml")
 
 
 def _git(*args: str) -> str:
@@ -111,20 +111,14 @@ def run(cfg: TrainConfig) -> TrainResult:
 
     Raises:
         FileNotFoundError: ``data_dir`` has no ``meta.json`` (run prepro first).
-        FileExistsError: ``save_dir`` exists and neither ``overwrite`` nor ``resume`` is set.
+        FileExistsError: ``save_dir`` holds a run and none of ``overwrite``, ``resume``,
+            ``auto_suffix`` is set (see ``xdpx.preflight``).
         CheckpointError: the checkpoint to resume from is missing, partial or corrupt.
         ValueError: the checkpoint was trained with an incompatible config.
     """
-    meta_path = io.join(cfg.data_dir, "meta.json")
-    if not io.exists(meta_path):
-        raise FileNotFoundError(f"train.data_dir: {meta_path} not found; run prepro first")
+    cfg = preflight.check("train", cfg)
     resume_path = _resume_path(cfg)
     previous = [name for name in RUN_MARKERS if io.exists(io.join(cfg.save_dir, name))]
-    if previous and resume_path is None and not cfg.overwrite:
-        raise FileExistsError(
-            f"train.save_dir: {cfg.save_dir} already holds a run ({', '.join(previous)}); "
-            "set train.overwrite=true to replace it or train.resume=true to continue it"
-        )
     distributed = _init_distributed(cfg)
     try:
         return _train(cfg, resume_path, wipe=bool(previous) and resume_path is None)

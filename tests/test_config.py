@@ -95,9 +95,15 @@ def test_stage_argv_prefixes_bare_keys():
     assert stage_argv("train", ["--params", "p.yaml", "seed=3", "fetch.limit=5"]) == (
         "p.yaml",
         ["train.seed=3", "fetch.limit=5"],
+        None,
+        False,
     )
+    args = stage_argv("train", ["my.yaml", "--dry", "seed=3"])
+    assert (args.config_file, args.dry, args.overrides) == ("my.yaml", True, ["train.seed=3"])
     with pytest.raises(ConfigError, match="unexpected argument"):
         stage_argv("train", ["oops"])
+    with pytest.raises(ConfigError, match="two config files"):
+        stage_argv("train", ["a.yaml", "b.yml"])
 
 
 def test_non_defaults_lists_only_changed_keys():

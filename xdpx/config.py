@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -133,6 +133,9 @@ class TrainConfig(_Section):
     data_dir: str = Field("data/prepared", description="Prepared data (output of prepro).")
     save_dir: str = Field("models/default", description="Run directory: checkpoints, logs, bundle.")
     overwrite: bool = Field(False, description="Replace an existing save_dir.")
+    auto_suffix: bool = Field(
+        False, description="If save_dir holds a run, use the first free <save_dir>-2, -3, ..."
+    )
     train_subset: str = Field("train", description="Split to train on.")
     valid_subset: str = Field("dev", description="Split used for eval_interval / early stopping.")
     model: ModelName = Field(
@@ -193,6 +196,10 @@ class TrainConfig(_Section):
     )
     save_interval: int | None = Field(
         None, ge=1, description="Also save last/ every N updates; null = only at evaluations."
+    )
+    keep_checkpoints: bool = Field(
+        False,
+        description="Also keep checkpoint-<update>/ at every evaluation (x-script clean_checkpoints prunes them).",
     )
     save_full_checkpoint: bool = Field(
         False,
@@ -256,6 +263,10 @@ class TrainConfig(_Section):
             )
         if (self.resume or self.resume_from) and self.overwrite:
             raise ValueError("resume and overwrite contradict each other; set only one")
+        if self.auto_suffix and self.overwrite:
+            raise ValueError("auto_suffix and overwrite contradict each other; set only one")
+        if self.auto_suffix and (self.resume or self.resume_from):
+            raise ValueError("auto_suffix and resume contradict each other; set only one")
         if self.eval_interval == 0 or self.eval_interval < -1:
             raise ValueError(
                 f"eval_interval must be -1 (epoch end) or positive, got {self.eval_interval}"
@@ -496,24 +507,213 @@ def dump_yaml(data: Any) -> str:
     return yaml.safe_dump(plain(data), sort_keys=False, allow_unicode=True)
 
 
-def stage_argv(section: str, argv: list[str]) -> tuple[str, list[str]]:
-    """Parse ``[--params FILE] [key=value ...]`` for ``python -m stages.<section>``.
+class StageArgs(NamedTuple):
+    """A stage command line, parsed: ``[CONFIG.yaml] [--params F] [--dry] [key=value ...]``."""
 
-    A bare ``key=value`` is taken as ``<section>.key=value``.
+    params: str
+    overrides: list[str]
+    config_file: str | None = None
+    dry: bool = False
+
+
+def stage_argv(section: str, argv: list[str]) -> StageArgs:
+    """Parse ``[CONFIG.yaml] [--params FILE] [--dry] [key=value ...]`` of a stage command.
+
+    A bare ``key=value`` is taken as ``<section>.key=value``; one argument
+    ending in ``.yaml``/``.yml`` is the config file (default: ``--params``,
+    i.e. params.yaml).
+
+    Raises:
+        ConfigError: an argument of none of these forms, or two config files.
     """
     params = "params.yaml"
     overrides: list[str] = []
+    config_file: str | None = None
+    dry = False
     it = iter(argv)
     for arg in it:
         if arg in ("-p", "--params"):
             params = next(it, params)
         elif arg.startswith("--params="):
             params = arg.split("=", 1)[1]
-        elif "=" in arg:
+        elif arg == "--dry":
+            dry = True
+        elif "=" in arg and not arg.startswith("-"):
             head = arg.split("=", 1)[0]
             overrides.append(arg if "." in head else f"{section}.{arg}")
+        elif arg.endswith((".yaml", ".yml")) and not arg.startswith("-"):
+            if config_file is not None:
+                raise ConfigError(f"two config files given: {config_file} and {arg}; pass one")
+            config_file = arg
         else:
             raise ConfigError(
-                f"unexpected argument {arg!r}; use [--params FILE] [section.key=value ...]"
+                f"unexpected argument {arg!r}; use [CONFIG.yaml] [--params FILE] [--dry] "
+                "[section.key=value ...]"
             )
-    return params, overrides
+    return StageArgs(params, overrides, config_file, dry)
+
+
+# ------------------------------------------------------------------ config files
+def _deep_merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in child.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def read_config_file(
+    path: str, section: str | None = None, _chain: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """Read a YAML config file into params form ``{section: {key: value}, "grid": {...}}``.
+
+    A file is either sectioned (top-level keys are params.yaml sections) or
+    flat (the keys of one section, ``section``). ``extends: parent.yaml``
+    (relative to the file) merges a parent first, the child winning key by key
+    (XDPX's ``__parent__``); chains are followed. ``grid:`` maps keys
+    (``key`` or ``section.key``) to lists of values; it is returned under
+    ``"grid"`` with ``section.key`` names.
+
+    Raises:
+        ConfigError: missing file, invalid YAML, a flat file without a section,
+            an ``extends`` cycle, a malformed grid.
+    """
+    if path in _chain:
+        raise ConfigError(f"{path}: extends cycle {' -> '.join((*_chain, path))}")
+    if not io.exists(path):
+        where = f" (extended by {_chain[-1]})" if _chain else ""
+        raise ConfigError(f"config file {path} not found{where}")
+    try:
+        raw = yaml.safe_load(io.read_text(path)) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level must be a mapping")
+    parent = raw.pop("extends", None)
+    grid = raw.pop("grid", None) or {}
+    if not isinstance(grid, dict):
+        raise ConfigError(f"{path}: grid must map keys to lists of values, got {grid!r}")
+    if raw and not set(raw) & set(SECTIONS):
+        if section is None:
+            raise ConfigError(f"{path}: flat config (no section names) but no section given")
+        raw = {section: raw}
+    out: dict[str, Any] = {}
+    if parent:
+        parent_path = str(parent)
+        if "://" not in parent_path and not parent_path.startswith("/"):
+            parent_path = io.join(io.dirname(path), parent_path)  # relative to the child file
+        out = read_config_file(parent_path, section, (*_chain, path))
+    _check_keys(raw, path)
+    full_grid: dict[str, list[Any]] = dict(out.pop("grid", {}))
+    for key, values in grid.items():
+        name = key if "." in str(key) else f"{section}.{key}"
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"{path}: grid.{key} must be a non-empty list, got {values!r}")
+        sec, _, k = name.partition(".")
+        _check_keys({sec: {k: None}}, f"{path}: grid")
+        full_grid[name] = values
+    out = _deep_merge(out, raw)
+    if full_grid:
+        out["grid"] = full_grid
+    return out
+
+
+#: The output path of each section: a grid run is suffixed there.
+OUTPUT_KEYS = {
+    "fetch": "out_dir",
+    "prepro": "data_dir",
+    "train": "save_dir",
+    "evaluate": "metrics_file",
+    "predict": "out_file",
+    "export": "out_dir",
+}
+
+
+def _grid_label(combo: dict[str, Any]) -> str:
+    def text(v: Any) -> str:
+        return "+".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
+
+    return "_".join(f"{k.split('.', 1)[1]}-{text(v)}" for k, v in combo.items())
+
+
+def _suffixed(path: str, label: str, is_file: bool) -> str:
+    if not is_file:
+        return io.join(path, label)
+    head, dot, ext = path.rpartition(".")
+    return f"{head}_{label}.{ext}" if dot and "/" not in ext else f"{path}_{label}"
+
+
+def load_stage_configs(
+    section: str,
+    config_file: str | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    params_file: str = "params.yaml",
+) -> list[tuple[str, _Section]]:
+    """Resolve the config(s) of one stage: file (or params.yaml) + overrides, expanded by grid.
+
+    Args:
+        section: the stage's params section (``train`` ...).
+        config_file: YAML config (flat or sectioned, may ``extends:``); None =
+            ``params_file``.
+        overrides: ``section.key=value`` strings, applied last.
+        params_file: used when no config file is given.
+
+    Returns:
+        ``[(label, config)]``: one entry, label ``""``, without a grid; else one
+        per combination of the grid values, label ``key-value_key-value``, with
+        the section's output path (``OUTPUT_KEYS``) suffixed by the label.
+
+    Raises:
+        ConfigError: unknown key (with suggestion), invalid value, bad file.
+    """
+    if config_file is not None:
+        raw = read_config_file(config_file, section)
+        where = config_file
+    else:
+        raw, where = {}, params_file
+        if io.exists(params_file):
+            raw = read_config_file(params_file, section)
+    grid = raw.pop("grid", {})
+    raw = apply_overrides(raw, list(overrides))
+    if overrides:
+        where += " + overrides"
+    combos: list[dict[str, Any]] = [{}]
+    for name, values in grid.items():
+        combos = [{**c, name: v} for c in combos for v in values]
+    out: list[tuple[str, _Section]] = []
+    out_key = OUTPUT_KEYS[section]
+    for combo in combos:
+        body = {s: dict(b or {}) for s, b in raw.items()}
+        for name, value in combo.items():
+            sec, _, key = name.partition(".")
+            body.setdefault(sec, {})[key] = value
+        _resolve_refs(body)
+        cfg = build_section(section, body.get(section) or {}, where)
+        label = _grid_label(combo) if combo else ""
+        if label:
+            path = getattr(cfg, out_key)
+            cfg = cfg.model_copy(update={out_key: _suffixed(path, label, out_key.endswith("file"))})
+        out.append((label, cfg))
+    return out
+
+
+def render_tree(cfg: BaseModel, section: str) -> str:
+    """The resolved config as an indented tree; ``*`` marks each non-default value.
+
+    Example::
+
+        train
+          * learning_rate: 0.003
+            batch_size: 64
+    """
+    changed = non_defaults(cfg)
+    lines = [section]
+    for name in type(cfg).model_fields:
+        value = getattr(cfg, name)
+        text = yaml.safe_dump(value, default_flow_style=True, allow_unicode=True).strip()
+        text = text.removesuffix("\n...").removesuffix("...").strip()
+        mark = "*" if name in changed else " "
+        lines.append(f"  {mark} {name}: {text}")
+    return "\n".join(lines)

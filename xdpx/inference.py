@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["pad_batch", "predict_logits", "predict_probs"]
+__all__ = ["pad_batch", "predict_logits", "predict_probs", "format_probs"]
 
 
 def pad_batch(seqs: Sequence[np.ndarray], pad_id: int = 0, min_len: int = 1) -> torch.Tensor:
@@ -71,3 +71,8 @@ def predict_probs(
     logits -= logits.max(axis=1, keepdims=True)
     e = np.exp(logits)
     return e / e.sum(axis=1, keepdims=True)
+
+
+def format_probs(probs: Sequence[float]) -> list[str]:
+    """Probabilities as the TSV fields ``predict`` and ``serve`` print (6 decimals)."""
+    return [f"{x:.6f}" for x in probs]

@@ -9,6 +9,7 @@ so a crash never leaves a half-written output under the final name.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import tempfile
@@ -18,6 +19,7 @@ from typing import IO, Any
 
 import fsspec
 from fsspec.core import url_to_fs
+from tqdm.auto import tqdm
 
 __all__ = [
     "fs_of",
@@ -38,6 +40,11 @@ __all__ = [
     "ls",
     "rm",
     "replace_dir",
+    "size",
+    "md5",
+    "copy",
+    "copytree",
+    "move",
 ]
 
 _open = open  # the builtin, for local temp files
@@ -216,3 +223,100 @@ def tmp_sibling(final_dir: str) -> str:
         if head
         else f".{name}.tmp-{uuid.uuid4().hex[:8]}"
     )
+
+
+#: Chunk size of streamed copies and checksums (bytes).
+CHUNK = 8 * 1024 * 1024
+
+
+def _bar(total: int, desc: str, progress: bool) -> tqdm:
+    return tqdm(
+        total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
+        disable=not progress, leave=False,
+    )  # fmt: skip
+
+
+def size(path: str) -> int:
+    """Size of a file in bytes, or the total of every file under a directory.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+    """
+    fs, p = fs_of(path)
+    if not fs.exists(p):
+        raise FileNotFoundError(f"{path} not found")
+    if fs.isdir(p):
+        return int(sum(fs.du(p, total=False).values()))
+    return int(fs.size(p))
+
+
+def md5(path: str, progress: bool = False) -> str:
+    """Hex MD5 of a file's bytes, streamed in ``CHUNK`` pieces.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist or is a directory.
+    """
+    if not isfile(path):
+        raise FileNotFoundError(f"{path} not found (or not a file)")
+    digest = hashlib.md5()
+    with open(path, "rb") as f, _bar(size(path), "md5", progress) as bar:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+            bar.update(len(chunk))
+    return digest.hexdigest()
+
+
+def copy(src: str, dst: str, progress: bool = False) -> None:
+    """Copy one file across filesystems (local <-> URL), streamed, atomic at ``dst``.
+
+    Raises:
+        FileNotFoundError: ``src`` is missing or a directory (use :func:`copytree`).
+    """
+    if not isfile(src):
+        raise FileNotFoundError(f"{src} not found (or not a file; use copytree for directories)")
+    with open(src, "rb") as fin, open_atomic(dst, "wb") as fout:
+        with _bar(size(src), src.rsplit("/", 1)[-1], progress) as bar:
+            while chunk := fin.read(CHUNK):
+                fout.write(chunk)
+                bar.update(len(chunk))
+
+
+def copytree(src: str, dst: str, progress: bool = False) -> int:
+    """Copy every file under directory ``src`` to the same relative path under ``dst``.
+
+    Returns:
+        The number of files copied.
+
+    Raises:
+        FileNotFoundError: ``src`` is not a directory.
+    """
+    if not isdir(src):
+        raise FileNotFoundError(f"{src} not found (or not a directory)")
+    fs, root = fs_of(src)
+    root = root.rstrip("/")
+    files = sorted(fs.find(root))
+    for f in tqdm(files, desc="copytree", unit="file", disable=not progress, leave=False):
+        rel = f[len(root) :].lstrip("/")
+        copy(join(src, rel), join(dst, rel))
+    return len(files)
+
+
+def move(src: str, dst: str, progress: bool = False) -> None:
+    """Move a file or directory; a rename on one filesystem, copy + delete across two.
+
+    Raises:
+        FileNotFoundError: ``src`` does not exist.
+    """
+    if not exists(src):
+        raise FileNotFoundError(f"{src} not found")
+    fs_src, p_src = fs_of(src)
+    fs_dst, p_dst = fs_of(dst)
+    if type(fs_src) is type(fs_dst) and is_local(src):
+        os.makedirs(os.path.dirname(os.path.abspath(p_dst)), exist_ok=True)
+        shutil.move(p_src, p_dst)
+        return
+    if isdir(src):
+        copytree(src, dst, progress)
+    else:
+        copy(src, dst, progress)
+    rm(src, recursive=True)

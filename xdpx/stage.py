@@ -1,4 +1,10 @@
-"""The command-line wrapper every stage shares: ``python -m stages.<name> [--params F] [k=v ...]``."""
+"""The command-line wrapper every stage shares.
+
+``python -m stages.<name> [CONFIG.yaml] [--params F] [--dry] [key=value ...]``
+and ``xdpx <name> ...`` both end here: resolve the config(s) (a config file
+with ``extends:``/``grid:``, or params.yaml, plus overrides), print them with
+``--dry``, run the pre-flight checks of every config before any work, then run.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,8 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from xdpx.config import ConfigError, load_params, stage_argv
+from xdpx import preflight
+from xdpx.config import ConfigError, load_stage_configs, render_tree, stage_argv
 from xdpx.errors import DivergenceError
 
 R = TypeVar("R")
@@ -24,17 +31,35 @@ def stage_main(
     run: Callable[[Any], R],
     summary: Callable[[R], str],
     argv: list[str] | None = None,
-) -> R:
-    """Load ``params.yaml`` + overrides, call ``run(params.<name>)``, print ``summary(result)``.
+) -> R | list[R] | None:
+    """Resolve the config(s) of stage ``name``, check them all, run each, print ``summary``.
 
-    Exits with status 2 and a one-line ``error: ...`` on a user error (``USER_ERRORS``).
+    Returns:
+        The result; a list of results for a ``grid:`` config; None with ``--dry``.
+
+    Exits with status 2 and a one-line ``error: ...`` on a user error
+    (``USER_ERRORS``); with nothing written when the error comes from the
+    config or the pre-flight checks.
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        params, overrides = stage_argv(name, sys.argv[1:] if argv is None else list(argv))
-        result = run(getattr(load_params(params, overrides), name))
+        args = stage_argv(name, sys.argv[1:] if argv is None else list(argv))
+        configs = load_stage_configs(name, args.config_file, args.overrides, args.params)
+        if args.dry:
+            for label, cfg in configs:
+                if label:
+                    print(f"# grid run {label}")
+                print(render_tree(cfg, name))
+            return None
+        configs = [(label, preflight.check(name, cfg)) for label, cfg in configs]
+        results = []
+        for label, cfg in configs:
+            if label:
+                print(f"# grid run {label}", flush=True)
+            result = run(cfg)
+            print(summary(result), flush=True)
+            results.append(result)
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    print(summary(result))
-    return result
+    return results[0] if len(results) == 1 else results

@@ -137,6 +137,7 @@ class TrainResult:
     best_valid: dict[str, float] = field(default_factory=dict)
     stopped_early: bool = False
     wall_time: float = 0.0
+    samples_per_epoch: int = 0  # samples seen per epoch (epoch boundaries of the curves)
 
 
 @dataclass
@@ -624,6 +625,8 @@ class Trainer:
         info_v = {**info, "valid": metrics}
         if improved:
             self._save("best", info_v)
+        if cfg.keep_checkpoints:
+            self._save(f"checkpoint-{st.num_updates}", info_v)
         self._save("last", info_v, full=True)
         log.info(
             "update %d epoch %d: valid %s=%.4f (best %.4f at %s)",
@@ -811,6 +814,7 @@ class Trainer:
             best_valid=st.best_valid,
             stopped_early=st.stopped_early,
             wall_time=self._wall(),
+            samples_per_epoch=len(self.sampler),
         )
 
     def _loop(self, bar: Any, profiler: Any) -> None:

@@ -1,0 +1,92 @@
+"""Pre-flight checks: everything a stage can verify before it starts any work.
+
+Each stage's ``run`` calls :func:`check` first, so ``dvc repro``, the Prefect
+flow and the ``xdpx`` command line all fail the same way, early, and with
+nothing written:
+
+* every input path exists (local or remote, through ``xdpx.io``);
+* a checkpoint path or alias (``<run>/<best>``, ``<run>/<last>``) resolves;
+* an existing ``train.save_dir`` is an error unless ``overwrite`` (replace it),
+  ``resume`` (continue it) or ``auto_suffix`` (pick ``<save_dir>-2``, ``-3``, ...)
+  is set. Conflicting options are rejected when the config is validated
+  (``xdpx.config``), before this runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from xdpx import io
+from xdpx.checkpoint import resolve_checkpoint
+
+log = logging.getLogger("xdpx.preflight")
+
+__all__ = ["check", "RUN_MARKERS", "free_run_dir"]
+
+#: Files/dirs whose presence means a directory already holds a training run.
+RUN_MARKERS = ("best", "last", "train.log.tsv", "valid.log.tsv", "params.yaml")
+
+
+def _must_exist(section: str, key: str, path: str, what: str = "") -> None:
+    if not io.exists(path):
+        hint = f" ({what})" if what else ""
+        raise FileNotFoundError(f"{section}.{key}: {path} not found{hint}")
+
+
+def _has_run(path: str) -> list[str]:
+    return [name for name in RUN_MARKERS if io.exists(io.join(path, name))]
+
+
+def free_run_dir(path: str) -> str:
+    """The first of ``path``, ``path-2``, ``path-3``, ... that holds no run."""
+    if not _has_run(path):
+        return path
+    k = 2
+    while _has_run(f"{path}-{k}"):
+        k += 1
+    return f"{path}-{k}"
+
+
+def check(section: str, cfg: Any) -> Any:
+    """Check ``cfg`` (the config of stage ``section``) before any work; return the config to run.
+
+    The returned config equals ``cfg`` except with ``train.auto_suffix``, where
+    ``save_dir`` becomes the first free suffixed name (and ``auto_suffix`` is
+    cleared, so a second check keeps it).
+
+    Raises:
+        FileNotFoundError: an input path is missing (names ``section.key`` and the path).
+        CheckpointError: a checkpoint path/alias does not resolve to a complete checkpoint.
+        FileExistsError: ``train.save_dir`` holds a run and neither ``overwrite``,
+            ``resume`` nor ``auto_suffix`` is set.
+    """
+    if section == "prepro":
+        _must_exist(section, "data_source", cfg.data_source)
+        for split, name in cfg.data_files.items():
+            _must_exist(section, f"data_files.{split}", io.join(cfg.data_source, name))
+        for key in ("vocab_file", "target_map_file", "tokenizer_path"):
+            if getattr(cfg, key):
+                _must_exist(section, key, getattr(cfg, key))
+    elif section == "train":
+        _must_exist(section, "data_dir", io.join(cfg.data_dir, "meta.json"), "run prepro first")
+        if cfg.resume_from:
+            resolve_checkpoint(cfg.resume_from)
+        previous = _has_run(cfg.save_dir)
+        if previous and cfg.auto_suffix:
+            fresh = free_run_dir(cfg.save_dir)
+            log.info("train.auto_suffix: %s holds a run; using %s", cfg.save_dir, fresh)
+            return cfg.model_copy(update={"save_dir": fresh, "auto_suffix": False})
+        if previous and not (cfg.overwrite or cfg.resume or cfg.resume_from):
+            raise FileExistsError(
+                f"train.save_dir: {cfg.save_dir} already holds a run ({', '.join(previous)}); "
+                "set train.overwrite=true to replace it, train.resume=true to continue it "
+                "or train.auto_suffix=true to pick a fresh name"
+            )
+    elif section in ("evaluate", "predict", "export"):
+        resolve_checkpoint(cfg.checkpoint)
+        if section == "predict":
+            _must_exist(section, "data_file", cfg.data_file)
+        else:
+            _must_exist(section, "data_dir", io.join(cfg.data_dir, "meta.json"), "run prepro first")
+    return cfg
