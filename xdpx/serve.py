@@ -1,0 +1,102 @@
+"""Interactive serving: a text (or a tab-separated pair) per line in, label and probabilities out.
+
+Preprocessing is the checkpoint's own (tokenizer, vocab, ``lower``, ``max_len``
+from its ``meta.json``), exactly as ``predict`` applies it, so a line gives
+the same label and probabilities in both.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import TextIO
+
+import numpy as np
+
+from xdpx import io
+from xdpx.checkpoint import load_checkpoint
+from xdpx.data import DataError, Encoder
+from xdpx.inference import format_probs, predict_probs
+
+__all__ = ["Predictor", "serve_lines"]
+
+
+class Predictor:
+    """A loaded checkpoint plus its encoder.
+
+    Args:
+        checkpoint: a checkpoint dir, an alias ``<run>/<best>``/``<run>/<last>``,
+            or a run dir (its ``<best>`` is used).
+
+    Raises:
+        CheckpointError: the path does not resolve to a complete checkpoint.
+    """
+
+    def __init__(self, checkpoint: str) -> None:
+        if not io.exists(io.join(checkpoint, "model.safetensors")) and io.exists(
+            io.join(checkpoint, "best")
+        ):
+            checkpoint = io.join(checkpoint, "<best>")
+        self.ckpt = load_checkpoint(checkpoint)
+        self.encoder = Encoder.from_dir(self.ckpt.path)
+        meta = json.loads(io.read_text(io.join(self.ckpt.path, "meta.json")))
+        self.pair = bool(meta.get("prepro", {}).get("text2_column"))
+
+    @property
+    def labels(self) -> list[str]:
+        """Class names in logit order."""
+        return self.encoder.labels
+
+    def split(self, line: str, where: str = "<stdin>") -> tuple[str, str | None]:
+        """One input line -> (text, text2); a pair model needs ``text1<TAB>text2``.
+
+        Raises:
+            DataError: empty line, or a pair model given no tab (names ``where``).
+        """
+        line = line.rstrip("\r\n")
+        if not line.strip():
+            raise DataError(f"{where}: empty text")
+        if not self.pair:
+            return line.strip(), None
+        parts = line.split("\t")
+        if len(parts) != 2:
+            raise DataError(
+                f"{where}: a pair model needs 'text1<TAB>text2', got {len(parts)} field(s)"
+            )
+        return parts[0].strip(), parts[1].strip()
+
+    def predict(self, texts: list[str], texts2: list[str] | None = None) -> np.ndarray:
+        """Probabilities ``[n, num_labels]`` (float64) of ``texts`` (and ``texts2``)."""
+        seqs = self.encoder.encode(texts, texts2)
+        return predict_probs(self.ckpt.model, seqs, 256, self.encoder.pad_id)
+
+
+def serve_lines(
+    predictor: Predictor, lines: Iterable[str], out: TextIO, prompt: TextIO | None = None
+) -> int:
+    """Answer each line with ``label<TAB>prob_1<TAB>...``; empty lines are skipped.
+
+    Args:
+        predictor: the loaded model.
+        lines: input lines (stdin or a batch file).
+        out: where answers go (one line each, flushed).
+        prompt: if given (an interactive terminal), ``> `` prompts are written there.
+
+    Returns:
+        The number of lines answered.
+    """
+    n = 0
+    if prompt is not None:
+        prompt.write("> ")
+        prompt.flush()
+    for i, line in enumerate(lines, 1):
+        if line.strip():
+            text, text2 = predictor.split(line, f"line {i}")
+            p = predictor.predict([text], [text2] if text2 is not None else None)[0]
+            out.write("\t".join([predictor.labels[int(p.argmax())], *format_probs(p)]) + "\n")
+            out.flush()
+            n += 1
+        if prompt is not None:
+            prompt.write("> ")
+            prompt.flush()
+    return n
