@@ -242,3 +242,26 @@ def test_aliases_are_the_same_commands(in_project, monkeypatch):
     text = (ROOT / "pyproject.toml").read_text()
     for alias in ("x-prepro", "x-train", "x-eval", "x-pred", "x-viz", "x-io", "x-script"):
         assert f'{alias} = "xdpx.cli:x_{alias[2:]}"' in text
+
+
+def test_viz_and_scripts_through_the_cli(in_project):
+    result = xdpx("viz", "models/run", "-o", "reports/curves.png")
+    assert result.exit_code == 0, result.output
+    assert (in_project / "reports/curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    missing = xdpx("viz", "models/nothing")
+    assert missing.exit_code == 2 and "models/nothing not found" in missing.stderr
+    table = xdpx("script", "aggregate_results", "models", "-include", "run")
+    assert table.exit_code == 0, table.output
+    rows = table.stdout.strip().splitlines()
+    assert rows[0].startswith("run\tbest_update") and any(r.startswith("run\t") for r in rows[1:])
+    same = xdpx("script", "diff_params", "models/run", "models/run/starter.yaml")
+    assert same.exit_code == 0 and same.stdout == ""
+    starter = yaml.safe_load((in_project / "models/run/starter.yaml").read_text())
+    starter["train"]["learning_rate"] = 0.5
+    (in_project / "other.yaml").write_text(yaml.safe_dump(starter))
+    diff = xdpx("script", "diff_params", "models/run", "other.yaml")
+    assert diff.stdout.splitlines() == ["learning_rate\t0.01\t0.5"]
+    checkpoints = sorted(p.name for p in (in_project / "models/run").glob("checkpoint-*"))
+    assert len(checkpoints) == 2  # keep_checkpoints: one per epoch; best and last are both kept
+    dry = xdpx("script", "clean_checkpoints", "models", "--dry")
+    assert dry.exit_code == 0 and "checkpoint-" not in dry.stdout
