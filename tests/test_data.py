@@ -461,6 +461,10 @@ def test_hf_prepro(tmp_path, hf_dir):
 def test_hf_bad_path(tmp_path):
     make_raw(tmp_path)
     cfg = cfg_for(tmp_path, tokenizer="hf", tokenizer_path=str(tmp_path / "none"))
+    with pytest.raises(FileNotFoundError, match=r"prepro\.tokenizer_path: .*none not found"):
+        prepro.run(cfg)  # the pre-flight check, before any output
+    (tmp_path / "file").write_text("x")
+    cfg = cfg_for(tmp_path, tokenizer="hf", tokenizer_path=str(tmp_path / "file"))
     with pytest.raises(ConfigError, match="not a local directory"):
         prepro.run(cfg)
 

@@ -22,6 +22,12 @@ from xdpx.checkpoint import CheckpointError, load_checkpoint, load_training_stat
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def train_cli(params: Path, *args: str) -> subprocess.CompletedProcess:
+    """``python -m stages.train --params PARAMS ARGS`` in a subprocess (from the repo root)."""
+    cmd = [sys.executable, "-m", "stages.train", "--params", str(params), *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
 def train_params(tmp_path: Path, prepared: str, save_dir: Path, **train) -> Path:
     """A params file with only a train section (every other key default)."""
     cfg = {
@@ -151,70 +157,12 @@ def test_resume_rules(real_subset, tmp_path):
     _, prepared = real_subset
     common = ["train.model=ngram_lr", "train.ngram_buckets=1009", "train.max_update=3"]
     params = train_params(tmp_path, prepared, tmp_path / "run")
-    fresh = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "stages.train",
-            "--params",
-            str(params),
-            "train.resume=true",
-            *common,
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    fresh = train_cli(params, "train.resume=true", *common)
     assert fresh.returncode == 0, fresh.stderr
-    changed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "stages.train",
-            "--params",
-            str(params),
-            "train.resume=true",
-            "train.batch_size=16",
-            *common,
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    changed = train_cli(params, "train.resume=true", "train.batch_size=16", *common)
     assert changed.returncode == 2
     assert "batch_size: 8 -> 16" in changed.stderr
-    plain = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "stages.train",
-            "--params",
-            str(params),
-            "train.overwrite=true",
-            "train.save_full_checkpoint=false",
-            *common,
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    plain = train_cli(params, "train.overwrite=true", "train.save_full_checkpoint=false", *common)
     assert plain.returncode == 0, plain.stderr
-    refused = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "stages.train",
-            "--params",
-            str(params),
-            "train.resume=true",
-            *common,
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    refused = train_cli(params, "train.resume=true", *common)
     assert refused.returncode == 2 and "no full checkpoint" in refused.stderr

@@ -147,31 +147,20 @@ def _io() -> object:
     return io
 
 
-@io_app.command("exists")
-def io_exists(path: str) -> None:
-    """Print true/false; exit status 0 if PATH exists, 1 if not. Example: `xdpx io exists oss://b/k`"""
-    with _user_errors():
-        found = _io().exists(path)
-    typer.echo(str(found).lower())
-    raise typer.Exit(0 if found else 1)
+def _predicate(name: str, what: str, example: str) -> None:
+    def cmd(path: str) -> None:
+        with _user_errors():
+            found = bool(getattr(_io(), name)(path))
+        typer.echo(str(found).lower())
+        raise typer.Exit(0 if found else 1)
+
+    cmd.__doc__ = f"Print true/false; exit status 0 if PATH {what}, 1 if not. Example: `{example}`"
+    io_app.command(name)(cmd)
 
 
-@io_app.command("isdir")
-def io_isdir(path: str) -> None:
-    """Print true/false; exit 0 if PATH is a directory. Example: `xdpx io isdir models/default`"""
-    with _user_errors():
-        found = _io().isdir(path)
-    typer.echo(str(found).lower())
-    raise typer.Exit(0 if found else 1)
-
-
-@io_app.command("isfile")
-def io_isfile(path: str) -> None:
-    """Print true/false; exit 0 if PATH is a file. Example: `xdpx io isfile data/raw/train.tsv`"""
-    with _user_errors():
-        found = _io().isfile(path)
-    typer.echo(str(found).lower())
-    raise typer.Exit(0 if found else 1)
+_predicate("exists", "exists", "xdpx io exists oss://bucket/key")
+_predicate("isdir", "is a directory", "xdpx io isdir models/default")
+_predicate("isfile", "is a file", "xdpx io isfile data/raw/train.tsv")
 
 
 @io_app.command("ls")
