@@ -22,7 +22,6 @@ from xdpx.checkpoint import CheckpointError, find_resumable, resolve_checkpoint
 from xdpx.config import TrainConfig, dump_yaml, non_defaults
 from xdpx.data import load_split
 from xdpx.models import build_model, model_config_from
-from xdpx.preflight import RUN_MARKERS
 from xdpx.stage import stage_main
 from xdpx.trainer import Trainer, TrainResult
 
@@ -92,7 +91,7 @@ def _resume_path(cfg: TrainConfig) -> str | None:
     if not cfg.resume:
         return None
     path = find_resumable(cfg.save_dir)
-    if path is None and any(io.exists(io.join(cfg.save_dir, n)) for n in RUN_MARKERS):
+    if path is None and preflight.run_markers_in(cfg.save_dir):
         raise CheckpointError(
             f"train.resume: {cfg.save_dir} holds a run but no full checkpoint (last/trainer_state.json); "
             "it was trained without save_full_checkpoint=true"
@@ -118,7 +117,7 @@ def run(cfg: TrainConfig) -> TrainResult:
     """
     cfg = preflight.check("train", cfg)
     resume_path = _resume_path(cfg)
-    previous = [name for name in RUN_MARKERS if io.exists(io.join(cfg.save_dir, name))]
+    previous = preflight.run_markers_in(cfg.save_dir)
     distributed = _init_distributed(cfg)
     try:
         return _train(cfg, resume_path, wipe=bool(previous) and resume_path is None)

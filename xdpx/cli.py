@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import typer
 
+from xdpx import io as xio
 from xdpx.stage import USER_ERRORS
 
 __all__ = ["app"]
@@ -141,16 +142,10 @@ def viz(
 
 
 # ------------------------------------------------------------------ io
-def _io() -> object:
-    from xdpx import io
-
-    return io
-
-
 def _predicate(name: str, what: str, example: str) -> None:
     def cmd(path: str) -> None:
         with _user_errors():
-            found = bool(getattr(_io(), name)(path))
+            found = bool(getattr(xio, name)(path))
         typer.echo(str(found).lower())
         raise typer.Exit(0 if found else 1)
 
@@ -167,9 +162,9 @@ _predicate("isfile", "is a file", "xdpx io isfile data/raw/train.tsv")
 def io_ls(path: str) -> None:
     """List a directory, one entry per line. Example: `xdpx io ls s3://bucket/models/`"""
     with _user_errors():
-        if not _io().exists(path):
+        if not xio.exists(path):
             raise FileNotFoundError(f"{path} not found")
-        for entry in _io().ls(path):
+        for entry in xio.ls(path):
             typer.echo(entry)
 
 
@@ -177,62 +172,62 @@ def io_ls(path: str) -> None:
 def io_size(path: str) -> None:
     """Bytes of a file (or every file under a directory). Example: `xdpx io size models/default`"""
     with _user_errors():
-        typer.echo(_io().size(path))
+        typer.echo(xio.size(path))
 
 
 @io_app.command("md5")
 def io_md5(path: str) -> None:
     """MD5 of a file, streamed with a progress bar. Example: `xdpx io md5 oss://b/model.onnx`"""
     with _user_errors():
-        typer.echo(_io().md5(path, progress=True))
+        typer.echo(xio.md5(path, progress=True))
 
 
 @io_app.command("copy")
 def io_copy(src: str, dst: str) -> None:
     """Copy a file across filesystems (atomic at DST). Example: `xdpx io copy model.onnx oss://b/m.onnx`"""
     with _user_errors():
-        _io().copy(src, dst, progress=True)
+        xio.copy(src, dst, progress=True)
 
 
 @io_app.command("copytree")
 def io_copytree(src: str, dst: str) -> None:
     """Copy a directory tree. Example: `xdpx io copytree models/default oss://b/models/default`"""
     with _user_errors():
-        typer.echo(f"copied {_io().copytree(src, dst, progress=True)} files")
+        typer.echo(f"copied {xio.copytree(src, dst, progress=True)} files")
 
 
 @io_app.command("move")
 def io_move(src: str, dst: str) -> None:
     """Move a file or directory (copy + delete across filesystems). Example: `xdpx io move a.tsv b.tsv`"""
     with _user_errors():
-        _io().move(src, dst, progress=True)
+        xio.move(src, dst, progress=True)
 
 
 @io_app.command("rm")
 def io_rm(path: str) -> None:
     """Remove a file (refuses directories: use rmtree). Example: `xdpx io rm reports/old.tsv`"""
     with _user_errors():
-        if _io().isdir(path):
+        if xio.isdir(path):
             raise FileExistsError(f"{path} is a directory; use `xdpx io rmtree`")
-        if not _io().exists(path):
+        if not xio.exists(path):
             raise FileNotFoundError(f"{path} not found")
-        _io().rm(path)
+        xio.rm(path)
 
 
 @io_app.command("rmtree")
 def io_rmtree(path: str) -> None:
     """Remove a directory and everything under it. Example: `xdpx io rmtree models/tmp`"""
     with _user_errors():
-        if not _io().exists(path):
+        if not xio.exists(path):
             raise FileNotFoundError(f"{path} not found")
-        _io().rm(path, recursive=True)
+        xio.rm(path, recursive=True)
 
 
 @io_app.command("makedirs")
 def io_makedirs(path: str) -> None:
     """Create a directory and its parents. Example: `xdpx io makedirs models/new`"""
     with _user_errors():
-        _io().makedirs(path)
+        xio.makedirs(path)
 
 
 # ------------------------------------------------------------------ script

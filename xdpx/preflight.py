@@ -22,7 +22,7 @@ from xdpx.checkpoint import resolve_checkpoint
 
 log = logging.getLogger("xdpx.preflight")
 
-__all__ = ["check", "RUN_MARKERS", "free_run_dir"]
+__all__ = ["check", "RUN_MARKERS", "run_markers_in", "free_run_dir"]
 
 #: Files/dirs whose presence means a directory already holds a training run.
 RUN_MARKERS = ("best", "last", "train.log.tsv", "valid.log.tsv", "params.yaml")
@@ -34,16 +34,17 @@ def _must_exist(section: str, key: str, path: str, what: str = "") -> None:
         raise FileNotFoundError(f"{section}.{key}: {path} not found{hint}")
 
 
-def _has_run(path: str) -> list[str]:
+def run_markers_in(path: str) -> list[str]:
+    """The ``RUN_MARKERS`` present in ``path`` (empty: it holds no training run)."""
     return [name for name in RUN_MARKERS if io.exists(io.join(path, name))]
 
 
 def free_run_dir(path: str) -> str:
     """The first of ``path``, ``path-2``, ``path-3``, ... that holds no run."""
-    if not _has_run(path):
+    if not run_markers_in(path):
         return path
     k = 2
-    while _has_run(f"{path}-{k}"):
+    while run_markers_in(f"{path}-{k}"):
         k += 1
     return f"{path}-{k}"
 
@@ -72,7 +73,7 @@ def check(section: str, cfg: Any) -> Any:
         _must_exist(section, "data_dir", io.join(cfg.data_dir, "meta.json"), "run prepro first")
         if cfg.resume_from:
             resolve_checkpoint(cfg.resume_from)
-        previous = _has_run(cfg.save_dir)
+        previous = run_markers_in(cfg.save_dir)
         if previous and cfg.auto_suffix:
             fresh = free_run_dir(cfg.save_dir)
             log.info("train.auto_suffix: %s holds a run; using %s", cfg.save_dir, fresh)

@@ -7,7 +7,6 @@ the same label and probabilities in both.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import TextIO
 
@@ -39,8 +38,7 @@ class Predictor:
             checkpoint = io.join(checkpoint, "<best>")
         self.ckpt = load_checkpoint(checkpoint)
         self.encoder = Encoder.from_dir(self.ckpt.path)
-        meta = json.loads(io.read_text(io.join(self.ckpt.path, "meta.json")))
-        self.pair = bool(meta.get("prepro", {}).get("text2_column"))
+        self.pair = self.encoder.pair
 
     @property
     def labels(self) -> list[str]:
