@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["DivergenceError", "NonFiniteLossError", "LossScaleError"]
+__all__ = ["DivergenceError", "NonFiniteLossError", "LossScaleError", "RemoteIOError"]
 
 
 class DivergenceError(RuntimeError):
@@ -15,3 +15,11 @@ class NonFiniteLossError(DivergenceError):
 
 class LossScaleError(DivergenceError):
     """fp16: the GradScaler loss scale fell below ``train.min_loss_scale`` (persistent overflow)."""
+
+
+class RemoteIOError(OSError):
+    """A remote read/write (``oss://``, ``s3://``) still failed after xdpx.io's retries.
+
+    The message names the URL and the operation; callers add the stage. Prefect tasks retry
+    on this error only (a transient store outage), never on bad input.
+    """
