@@ -101,6 +101,22 @@ def _resume_path(cfg: TrainConfig) -> str | None:
     return path
 
 
+def _report_loading(cfg: TrainConfig, info: dict[str, list[str]] | None) -> None:
+    """Log and save which pretrained weights were missing/unexpected (FAQ: eval mismatches)."""
+    if not info:
+        return
+    io.write_text(io.join(cfg.save_dir, "loading_info.json"), json.dumps(info, indent=2))
+    for kind, what in (
+        ("missing_keys", "newly initialised (not in the checkpoint)"),
+        ("unexpected_keys", "in the checkpoint but unused"),
+        ("mismatched_keys", "shape mismatch, re-initialised"),
+    ):
+        keys = info.get(kind) or []
+        if keys:
+            shown = ", ".join(keys[:8]) + (f", ... ({len(keys)} in all)" if len(keys) > 8 else "")
+            log.warning("pretrained_model %s: %s %s: %s", cfg.pretrained_model, kind, what, shown)
+
+
 def run(cfg: TrainConfig) -> TrainResult:
     """Train one model; see the module docstring for the outputs.
 
@@ -138,14 +154,17 @@ def _train(cfg: TrainConfig, resume_path: str | None, wipe: bool) -> TrainResult
         log.warning("no %r split in %s: no evaluation, best = last", cfg.valid_subset, cfg.data_dir)
     torch.manual_seed(cfg.seed)  # parameter init by seed (FAQ)
     model_config = model_config_from(
-        cfg.model, cfg, meta["vocab_size"], meta["num_labels"], meta.get("pad_id", 0)
+        cfg.model, cfg, meta["vocab_size"], meta["num_labels"], meta.get("pad_id", 0), meta
     )
     model = build_model(cfg.model, model_config)
+    if hasattr(model, "saved_config"):  # hf_classifier: config.json rebuilds it without the hub
+        model_config = model.saved_config()
     if rank == 0:
         if wipe:
             io.rm(cfg.save_dir, recursive=True)
         io.makedirs(cfg.save_dir)
         write_bundle(cfg, meta, resumed_from=resume_path)
+        _report_loading(cfg, getattr(model, "loading_info", None))
     if dist.is_initialized():
         dist.barrier()  # the run directory is ready before any rank writes to it
     n_params = sum(p.numel() for p in model.parameters())

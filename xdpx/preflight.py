@@ -34,6 +34,16 @@ def _must_exist(section: str, key: str, path: str, what: str = "") -> None:
         raise FileNotFoundError(f"{section}.{key}: {path} not found{hint}")
 
 
+def _must_resolve(section: str, key: str, path: str) -> None:
+    """A pretrained directory (local, ``pkg:`` or URL) must exist; see :mod:`xdpx.pretrained`."""
+    from xdpx.pretrained import resolve_pretrained
+
+    try:
+        resolve_pretrained(path)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{section}.{key}: {e}") from None
+
+
 def run_markers_in(path: str) -> list[str]:
     """The ``RUN_MARKERS`` present in ``path`` (empty: it holds no training run)."""
     return [name for name in RUN_MARKERS if io.exists(io.join(path, name))]
@@ -47,6 +57,20 @@ def free_run_dir(path: str) -> str:
     while run_markers_in(f"{path}-{k}"):
         k += 1
     return f"{path}-{k}"
+
+
+def _check_model_data(cfg: Any) -> None:
+    """hf_classifier needs ids from its own transformers tokenizer (prepro.tokenizer=hf)."""
+    import json
+
+    meta = json.loads(io.read_text(io.join(cfg.data_dir, "meta.json")))
+    tokenizer = meta.get("tokenizer")
+    if cfg.model == "hf_classifier" and tokenizer != "hf":
+        raise ValueError(
+            f"train.model=hf_classifier needs data prepared with the model's own tokenizer "
+            f"(prepro.tokenizer=hf, prepro.tokenizer_path=<the model dir>); {cfg.data_dir} "
+            f"was prepared with tokenizer={tokenizer}"
+        )
 
 
 def check(section: str, cfg: Any) -> Any:
@@ -66,13 +90,18 @@ def check(section: str, cfg: Any) -> Any:
         _must_exist(section, "data_source", cfg.data_source)
         for split, name in cfg.data_files.items():
             _must_exist(section, f"data_files.{split}", io.join(cfg.data_source, name))
-        for key in ("vocab_file", "target_map_file", "tokenizer_path"):
+        for key in ("vocab_file", "target_map_file"):
             if getattr(cfg, key):
                 _must_exist(section, key, getattr(cfg, key))
+        if cfg.tokenizer_path:
+            _must_resolve(section, "tokenizer_path", cfg.tokenizer_path)
     elif section == "train":
         _must_exist(section, "data_dir", io.join(cfg.data_dir, "meta.json"), "run prepro first")
         if cfg.resume_from:
             resolve_checkpoint(cfg.resume_from)
+        if cfg.pretrained_model:
+            _must_resolve(section, "pretrained_model", cfg.pretrained_model)
+        _check_model_data(cfg)
         previous = run_markers_in(cfg.save_dir)
         if previous and cfg.auto_suffix:
             fresh = free_run_dir(cfg.save_dir)

@@ -71,6 +71,7 @@ from xdpx.config import TrainConfig
 from xdpx.errors import DivergenceError, LossScaleError, NonFiniteLossError
 from xdpx.inference import pad_batch, predict_probs
 from xdpx.metrics import classification_metrics, is_better
+from xdpx.optim import param_groups, warmup_updates
 
 log = logging.getLogger("xdpx.trainer")
 
@@ -367,7 +368,7 @@ class Trainer:
         self.save_dir = cfg.save_dir
         self.is_main = self.rank == 0
         self.optimizer = torch.optim.AdamW(
-            self.module.parameters(),
+            param_groups(self.module, cfg),
             lr=cfg.learning_rate,
             betas=tuple(cfg.adam_betas),
             eps=cfg.adam_eps,
@@ -387,7 +388,7 @@ class Trainer:
         self.scheduler = get_scheduler(
             cfg.lr_scheduler,
             self.optimizer,
-            num_warmup_steps=cfg.warmup_steps,
+            num_warmup_steps=warmup_updates(cfg, self.total_updates),
             num_training_steps=self.total_updates,
         )
         self.amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(cfg.precision)
@@ -563,7 +564,10 @@ class Trainer:
 
     def _log_train_row(self, grad_norm: float, scale: float | None) -> None:
         st, live = self.state, self._live
-        lr = self.optimizer.param_groups[0]["lr"]
+        groups = self.optimizer.param_groups
+        lr = groups[0]["lr"]  # several groups: learning_rate x the schedule's current factor
+        if len(groups) > 1:
+            lr = self.cfg.learning_rate * groups[0]["lr"] / groups[0]["initial_lr"]
         row = {
             "update": st.num_updates,
             "epoch": st.last_epoch,

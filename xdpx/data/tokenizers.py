@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from xdpx import io
-
 __all__ = ["CharTokenizer", "WhitespaceTokenizer", "HFTokenizer", "TOKENIZERS", "make_tokenizer"]
 
 
@@ -71,13 +69,17 @@ class HFTokenizer:
         from transformers import AutoTokenizer
         from transformers.utils import logging as hf_logging
 
+        from xdpx.pretrained import resolve_pretrained
+
         del lower
-        if not io.is_local(path) or not io.isdir(path):
-            raise ValueError(f"tokenizer_path {path!r} is not a local directory")
+        try:
+            local = resolve_pretrained(path)
+        except FileNotFoundError as e:
+            raise ValueError(f"tokenizer_path {path!r}: {e}") from None
         verbosity = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()  # no "sequence longer than model_max_length" noise
         try:
-            tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+            tok = AutoTokenizer.from_pretrained(local, local_files_only=True)
         except Exception as e:  # noqa: BLE001 - any load failure is a config problem
             raise ValueError(f"tokenizer_path {path!r}: cannot load a tokenizer ({e})") from None
         finally:
@@ -94,6 +96,12 @@ class HFTokenizer:
     @property
     def pad_id(self) -> int:
         return int(self.tok.pad_token_id)
+
+    @property
+    def sep_id(self) -> int | None:
+        """The separator id (``[SEP]``) placed between the texts of a pair, if any."""
+        sep = self.tok.sep_token_id
+        return int(sep) if sep is not None else None
 
     @property
     def unk_id(self) -> int:

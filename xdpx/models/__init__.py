@@ -13,6 +13,7 @@ from typing import Any
 from torch import nn
 
 from xdpx.models.bilstm import BiLSTM
+from xdpx.models.hf import HFClassifier
 from xdpx.models.ngram import NgramLR
 from xdpx.models.textcnn import TextCNN
 
@@ -20,15 +21,28 @@ MODELS: dict[str, type[nn.Module]] = {
     "ngram_lr": NgramLR,
     "textcnn": TextCNN,
     "bilstm": BiLSTM,
+    "hf_classifier": HFClassifier,
 }
 
 
 def model_config_from(
-    name: str, train_cfg: Any, vocab_size: int, num_labels: int, pad_id: int
+    name: str,
+    train_cfg: Any,
+    vocab_size: int,
+    num_labels: int,
+    pad_id: int,
+    meta: dict[str, Any] | None = None,
 ) -> dict:
-    """The constructor arguments of model ``name`` taken from a TrainConfig (saved as config.json)."""
+    """The constructor arguments of model ``name`` taken from a TrainConfig (saved as config.json).
+
+    ``meta`` (prepro's meta.json) supplies data facts a model may take: ``sep_id`` (the
+    tokenizer's separator) and ``pair`` (jointly encoded text pairs).
+    """
     params = inspect.signature(MODELS[name].__init__).parameters
     cfg: dict[str, Any] = {"vocab_size": vocab_size, "num_labels": num_labels, "pad_id": pad_id}
+    meta = meta or {}
+    from_meta = {"sep_id": meta.get("sep_id"), "pair": meta.get("pair_encoding") == "joint"}
+    cfg.update({k: v for k, v in from_meta.items() if k in params})
     for key in params:
         if key not in cfg and key != "self" and hasattr(train_cfg, key):
             value = getattr(train_cfg, key)
@@ -47,4 +61,12 @@ def build_model(name: str, model_config: dict) -> nn.Module:
     return MODELS[name](**model_config)
 
 
-__all__ = ["MODELS", "TextCNN", "BiLSTM", "NgramLR", "build_model", "model_config_from"]
+__all__ = [
+    "MODELS",
+    "TextCNN",
+    "BiLSTM",
+    "NgramLR",
+    "HFClassifier",
+    "build_model",
+    "model_config_from",
+]
