@@ -173,6 +173,12 @@ def test_deployment_run_on_process_worker(server, client, tmp_path, monkeypatch)
         assert deployment.parameters == {"params": "params.yaml", "overrides": []}
         [schedule] = deployment.schedules
         assert (schedule.schedule.cron, schedule.active) == ("0 3 * * *", False)
+    # Turning the schedule on, as the README says.
+    _prefect(
+        ["deployment", "schedule", "resume", "xdpx-pipeline/gpu", str(schedule.id)], env, tmp_path
+    )
+    [schedule] = client.read_deployment_by_name("xdpx-pipeline/gpu").schedules
+    assert schedule.active
 
     # The pull steps pick $XDPX_HOME when set, else the checkout `prefect deploy` ran in.
     from prefect.deployments.steps.core import run_steps
