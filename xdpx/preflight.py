@@ -56,7 +56,7 @@ def check_model_fits_data(model: str, data_dir: str, where: str) -> None:
     meta_path = io.join(data_dir, "meta.json")
     meta = json.loads(io.read_text(meta_path))
     encoding = meta.get("pair_encoding", "separate" if meta.get("pair") else None)
-    pair_model = len(input_names(model)) > 1
+    pair_model = "input_ids2" in input_names(model)  # a second, separately encoded text
     if pair_model and encoding != "separate":
         what = (
             "pairs encoded jointly into one sequence (prepro.tokenizer=hf)"
