@@ -21,6 +21,7 @@ from xdpx import io, preflight
 from xdpx.checkpoint import CheckpointError, find_resumable, resolve_checkpoint
 from xdpx.config import TrainConfig, dump_yaml, non_defaults
 from xdpx.data import load_split
+from xdpx.inference import as_samples
 from xdpx.models import build_model, model_config_from
 from xdpx.stage import stage_main
 from xdpx.trainer import Trainer, TrainResult
@@ -178,9 +179,9 @@ def _train(cfg: TrainConfig, resume_path: str | None, wipe: bool) -> TrainResult
     trainer = Trainer(
         model,
         cfg,
-        train.input_ids,
+        as_samples(train.input_ids, train.input_ids2),  # (input_ids, input_ids2) pairs
         train.labels,
-        valid.input_ids if valid else None,
+        as_samples(valid.input_ids, valid.input_ids2) if valid else None,
         valid.labels if valid else None,
         model_name=cfg.model,
         model_config=model_config,

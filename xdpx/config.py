@@ -124,7 +124,7 @@ class PreproConfig(_Section):
         return self
 
 
-ModelName = Literal["ngram_lr", "textcnn", "bilstm", "hf_classifier"]
+ModelName = Literal["ngram_lr", "textcnn", "bilstm", "match_esim", "siamese", "hf_classifier"]
 
 
 class TrainConfig(_Section):
@@ -140,7 +140,8 @@ class TrainConfig(_Section):
     valid_subset: str = Field("dev", description="Split used for eval_interval / early stopping.")
     model: ModelName = Field(
         "ngram_lr",
-        description="ngram_lr (hashed char n-gram logistic regression), textcnn, bilstm or hf_classifier (transformers).",
+        description="ngram_lr (hashed char n-gram logistic regression), textcnn, bilstm, "
+        "hf_classifier (transformers); text pairs (prepro.text2_column): match_esim (ESIM) or siamese.",
     )
     pretrained_model: str | None = Field(
         None,
@@ -151,9 +152,16 @@ class TrainConfig(_Section):
         description="hf_classifier: transformers config fields (the architecture when pretrained_model is null, else overrides).",
     )
     embedding_dim: int = Field(128, ge=1, description="Token embedding size.")
-    hidden_size: int = Field(128, ge=1, description="BiLSTM hidden size per direction.")
+    hidden_size: int = Field(
+        128,
+        ge=1,
+        description="BiLSTM hidden size per direction (match_esim/siamese: also the MLP).",
+    )
     num_filters: int = Field(128, ge=1, description="TextCNN filters per filter size.")
     filter_sizes: list[int] = Field([3, 4, 5], description="TextCNN convolution widths (tokens).")
+    siamese_encoder: Literal["bilstm", "textcnn"] = Field(
+        "bilstm", description="siamese: the shared encoder of each text of a pair."
+    )
     ngram_orders: list[int] = Field(
         [1, 2, 3, 4], description="ngram_lr: n-gram orders (each 1..5) hashed into buckets."
     )

@@ -69,7 +69,7 @@ from xdpx import log as xlog
 from xdpx.checkpoint import load_training_state, save_checkpoint
 from xdpx.config import TrainConfig
 from xdpx.errors import DivergenceError, LossScaleError, NonFiniteLossError
-from xdpx.inference import pad_batch, predict_probs
+from xdpx.inference import Batch, call_model, pad_batch, predict_probs, to_device
 from xdpx.metrics import classification_metrics, is_better
 from xdpx.optim import param_groups, warmup_updates
 
@@ -248,9 +248,7 @@ def _has_nonfinite(value: Any) -> bool:
     return False
 
 
-def find_nonfinite(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, autocast: Any = nullcontext
-) -> str:
+def find_nonfinite(model: nn.Module, x: Batch, y: torch.Tensor, autocast: Any = nullcontext) -> str:
     """Re-run one micro-batch with hooks and name where NaN/Inf first appears.
 
     Forward hooks on every module (enabled only for this re-run) record the
@@ -262,7 +260,8 @@ def find_nonfinite(
 
     Args:
         model: the (unwrapped) model, in the mode the failing update used.
-        x: ``[batch, seq_len]`` input ids; y: ``[batch]`` labels.
+        x: ``[batch, seq_len]`` input ids, or a tuple of them for a pair model
+            (called as ``model(*x)``); y: ``[batch]`` labels.
         autocast: zero-argument callable returning the autocast context used in training.
 
     Returns:
@@ -279,7 +278,7 @@ def find_nonfinite(
     try:
         model.zero_grad(set_to_none=True)
         with autocast():
-            logits = model(x)
+            logits = call_model(model, x)
         loss = F.cross_entropy(logits.float(), y, reduction="sum")
     finally:
         for h in handles:
@@ -312,9 +311,11 @@ class Trainer:
     """Trains ``model`` on token-id sequences with cross-entropy.
 
     Args:
-        model: maps ``input_ids [batch, seq_len]`` to ``logits [batch, num_labels]``.
+        model: maps ``input_ids [batch, seq_len]`` to ``logits [batch, num_labels]``;
+            a pair model (``input_names`` of two) maps ``(input_ids, input_ids2)``.
         cfg: the ``train`` section.
-        train_seqs: training sequences (int arrays of token ids), one per sample.
+        train_seqs: training samples, one per example: int arrays of token ids, or
+            ``(input_ids, input_ids2)`` tuples for a pair model (``xdpx.inference.as_samples``).
         train_labels: ``[n]`` class indices.
         valid_seqs / valid_labels: validation split (may be None: no evaluation,
             then best = last).
@@ -651,11 +652,12 @@ class Trainer:
             enabled=self.amp_dtype is not None,
         )
 
-    def _batch(self, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def _batch(self, idx: np.ndarray) -> tuple[Batch, torch.Tensor]:
+        """Padded inputs (a tuple for pairs, each input to its own width) and labels of ``idx``."""
         x = pad_batch(
             [self.train_seqs[i] for i in idx], self.pad_id, getattr(self.module, "min_len", 1)
-        ).to(self.device)
-        return x, torch.from_numpy(self.train_labels[idx]).to(self.device)
+        )
+        return to_device(x, self.device), torch.from_numpy(self.train_labels[idx]).to(self.device)
 
     def _forward_backward(self, local: np.ndarray, n_window: int) -> tuple[float, float]:
         """Accumulate the gradients of one window share; returns (summed CE, correct)."""
@@ -669,7 +671,7 @@ class Trainer:
             with nullcontext() if sync else self.model.no_sync():
                 x, y = self._batch(idx)
                 with self._autocast(), xlog.collecting(sink):
-                    logits = self.model(x)
+                    logits = call_model(self.model, x)
                 ce = F.cross_entropy(logits.float(), y, reduction="sum")
                 self.scaler.scale(ce / per_rank).backward()
             loss_sum += ce.item()
