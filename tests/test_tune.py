@@ -216,6 +216,11 @@ def bad_space(tmp_path: Path, space: dict, **top) -> str:
             "bad.yaml: unknown key 'n_trial'; did you mean 'n_trials'?",
         ),
         ({}, {}, "bad.yaml: space must map params keys to ranges"),
+        (
+            {"learning_rate": {"type": "float", "values": [1e-4, 1e-2]}},
+            {"params": "no/such/params.yaml"},
+            "bad.yaml: params: base params file no/such/params.yaml not found",
+        ),
     ],
 )
 def test_bad_tune_file_names_file_and_key(tmp_path, space, top, expected):

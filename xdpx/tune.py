@@ -277,6 +277,10 @@ def load_tune_config(
             f"{path}: study: {cfg.study!r} must be letters, digits, '.', '_' or '-' "
             "(it names directories)"
         )
+    if cfg.params != "params.yaml" and not io.exists(
+        cfg.params
+    ):  # a missing params.yaml = defaults
+        raise ConfigError(f"{path}: params: base params file {cfg.params} not found")
     fixed = [o if "." in o.split("=", 1)[0] else f"train.{o}" for o in cfg.overrides]
     return cfg.model_copy(update={"overrides": fixed})
 
