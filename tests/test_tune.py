@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from xdpx.checkpoint import load_checkpoint
 from xdpx.cli import app
 from xdpx.config import ConfigError, TrainConfig, load_stage_configs
+from xdpx.data import load_split
 from xdpx.trainer import EvalEvent, StopTraining
 from xdpx.tune import default_resources, hide_password, load_tune_config
 
@@ -156,6 +157,37 @@ def test_tune_prunes_writes_outputs_and_resumes_numbering(real_subset, tmp_path,
     assert len(optuna.load_study(study_name="lr", storage=storage).trials) == 10
 
 
+def test_tuning_prepro_keys_prepares_data_per_trial(real_subset, tmp_path, monkeypatch):
+    raw, _ = real_subset
+    monkeypatch.chdir(tmp_path)
+    write_project(tmp_path, raw)
+    space = {
+        "study": "maxlen",
+        "n_trials": 2,
+        "space": {"prepro.max_len": {"type": "categorical", "values": [16, 48]}},
+    }
+    (tmp_path / "maxlen.yaml").write_text(yaml.safe_dump(space))
+    # epoch-end evaluations and an unknown train size: Hyperband's first rung must be given
+    refused = xdpx("tune", "maxlen.yaml", "train.eval_interval=-1")
+    assert refused.exit_code == 2 and "set pruner.min_resource" in refused.output
+    assert not (tmp_path / "models").exists() and not (tmp_path / "reports").exists()
+
+    result = xdpx("tune", "maxlen.yaml", "train.max_update=12")
+    assert result.exit_code == 0, result.output
+    study = optuna.load_study(
+        study_name="maxlen", storage=f"sqlite:///{tmp_path}/reports/tune/maxlen/study.db"
+    )
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2  # 2 trials: no pruning
+    for t in study.trials:
+        meta = json.loads(
+            (tmp_path / f"models/tune/maxlen/trial-{t.number}/prepared/meta.json").read_text()
+        )
+        assert meta["max_len"] == t.params["prepro.max_len"]
+        train = load_split(str(tmp_path / f"models/tune/maxlen/trial-{t.number}/prepared"), "train")
+        assert max(len(x) for x in train.input_ids) == t.params["prepro.max_len"]  # truncated
+    assert not (tmp_path / "models/tune/maxlen/prepared").exists()
+
+
 def bad_space(tmp_path: Path, space: dict, **top) -> str:
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump({"space": space, **top}))
@@ -240,6 +272,12 @@ def test_bad_tune_file_on_the_command_line_writes_nothing(tmp_path, monkeypatch)
         result.output
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
+
+
+def test_tune_help_has_examples():
+    result = xdpx("tune", "--help")
+    assert result.exit_code == 0 and "Examples" in result.output
+    assert "xdpx tune tune/space-ngram.yaml" in result.output
 
 
 def test_shipped_space_file_is_valid():

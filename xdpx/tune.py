@@ -277,9 +277,8 @@ def load_tune_config(
             f"{path}: study: {cfg.study!r} must be letters, digits, '.', '_' or '-' "
             "(it names directories)"
         )
-    if cfg.params != "params.yaml" and not io.exists(
-        cfg.params
-    ):  # a missing params.yaml = defaults
+    # as for the stages, a missing params.yaml means the defaults; any other missing file is an error
+    if cfg.params != "params.yaml" and not io.exists(cfg.params):
         raise ConfigError(f"{path}: params: base params file {cfg.params} not found")
     fixed = [o if "." in o.split("=", 1)[0] else f"train.{o}" for o in cfg.overrides]
     return cfg.model_copy(update={"overrides": fixed})
@@ -620,6 +619,9 @@ def run(cfg: TuneConfig) -> TuneResult:
         values = {key: _suggest_value(trial, key, entry) for key, entry in cfg.space.items()}
         trial_dir = io.join(study_root, f"trial-{trial.number}")
         trial.set_user_attr("save_dir", trial_dir)
+        if io.exists(trial_dir):  # left by an earlier study of this name (a new storage)
+            log.warning("tune: replacing %s (an earlier study's trial %d)", trial_dir, trial.number)
+            io.rm(trial_dir, recursive=True)
         tuned = [f"{k}={_yaml_value(v)}" for k, v in values.items()]
         data_dir = shared
         if data_dir is None:
