@@ -13,6 +13,7 @@ import os
 import platform
 import subprocess
 import sys
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -24,7 +25,7 @@ from xdpx.data import load_split
 from xdpx.inference import as_samples
 from xdpx.models import build_model, model_config_from
 from xdpx.stage import stage_main
-from xdpx.trainer import Trainer, TrainResult
+from xdpx.trainer import EvalEvent, Trainer, TrainResult
 
 log = logging.getLogger("xdpx.train")
 
@@ -118,8 +119,12 @@ def _report_loading(cfg: TrainConfig, info: dict[str, list[str]] | None) -> None
             log.warning("pretrained_model %s: %s %s: %s", cfg.pretrained_model, kind, what, shown)
 
 
-def run(cfg: TrainConfig) -> TrainResult:
+def run(cfg: TrainConfig, on_eval: Callable[[EvalEvent], None] | None = None) -> TrainResult:
     """Train one model; see the module docstring for the outputs.
+
+    ``on_eval`` is passed to the ``Trainer``: called with an ``EvalEvent``
+    after each dev evaluation; raising ``xdpx.trainer.StopTraining`` there
+    ends the run like an early stop (``xdpx tune`` prunes trials this way).
 
     Under torchrun (``WORLD_SIZE`` > 1) every process calls this: the process
     group is created here (gloo on CPU, NCCL on CUDA), rank 0 prepares the run
@@ -137,13 +142,20 @@ def run(cfg: TrainConfig) -> TrainResult:
     previous = preflight.run_markers_in(cfg.save_dir)
     distributed = _init_distributed(cfg)
     try:
-        return _train(cfg, resume_path, wipe=bool(previous) and resume_path is None)
+        return _train(
+            cfg, resume_path, wipe=bool(previous) and resume_path is None, on_eval=on_eval
+        )
     finally:
         if distributed:
             dist.destroy_process_group()
 
 
-def _train(cfg: TrainConfig, resume_path: str | None, wipe: bool) -> TrainResult:
+def _train(
+    cfg: TrainConfig,
+    resume_path: str | None,
+    wipe: bool,
+    on_eval: Callable[[EvalEvent], None] | None = None,
+) -> TrainResult:
     rank = dist.get_rank() if dist.is_initialized() else 0
     meta = json.loads(io.read_text(io.join(cfg.data_dir, "meta.json")))
     if cfg.threads:
@@ -187,6 +199,7 @@ def _train(cfg: TrainConfig, resume_path: str | None, wipe: bool) -> TrainResult
         model_config=model_config,
         assets_dir=cfg.data_dir,
         pad_id=meta.get("pad_id", 0),
+        on_eval=on_eval,
     )
     if resume_path is not None:
         trainer.resume(resume_path)

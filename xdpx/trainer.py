@@ -42,6 +42,10 @@ optimizer update. Features are plain branches, not hooks:
   (``log_sample_ids``), scalars from ``xdpx.log.add_summary``, DVCLive
   metrics/plots under ``<save_dir>/dvclive``, a tqdm progress bar, and an
   optional torch.profiler trace (``profile``).
+* ``on_eval``: the one outside call, for tuners (``xdpx.tune``): after each
+  dev evaluation (logs written, checkpoints saved) the trainer calls
+  ``on_eval(EvalEvent)``; raising ``StopTraining`` there ends training
+  like an early stop (Optuna pruning).
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ import logging
 import math
 import random
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -78,6 +83,8 @@ log = logging.getLogger("xdpx.trainer")
 __all__ = [
     "Trainer",
     "TrainResult",
+    "EvalEvent",
+    "StopTraining",
     "TrainState",
     "ShardedOrder",
     "DivergenceError",
@@ -172,6 +179,37 @@ class TrainState:
     valid_rows: list[dict[str, Any]] = field(default_factory=list)
     grad_rows: list[dict[str, Any]] = field(default_factory=list)
     sample_rows: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class EvalEvent:
+    """One dev evaluation, as passed to ``Trainer(on_eval=...)``.
+
+    Attributes:
+        update: updates done so far.
+        epoch: epoch of the latest update (1-based).
+        samples_seen: training samples consumed so far (the progress measure
+            that compares runs with different batch sizes, as ``xdpx viz`` does).
+        metrics: the valid metrics (``classification_metrics``), e.g. ``accuracy``, ``loss``.
+        major_metric: ``train.major_metric``; its value is ``metrics[major_metric]``.
+        best_score: best ``major_metric`` so far, this evaluation included.
+    """
+
+    update: int
+    epoch: int
+    samples_seen: int
+    metrics: dict[str, float]
+    major_metric: str
+    best_score: float | None
+
+
+class StopTraining(Exception):
+    """Raised by an ``on_eval`` callback to end training after this evaluation (e.g. pruning).
+
+    The trainer handles it like an early stop: the evaluation's logs and
+    checkpoints are already written, ``last/`` is re-saved as finished, and
+    ``fit`` returns normally; ``Trainer.stop_reason`` holds the message.
+    """
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
@@ -322,6 +360,12 @@ class Trainer:
         model_name / model_config: saved in each checkpoint's config.json.
         assets_dir: prepared data dir (vocab/target map/meta copied into checkpoints).
         pad_id: padding id.
+        on_eval: called as ``on_eval(EvalEvent)`` after each dev evaluation,
+            once its valid.log.tsv row, DVCLive step and checkpoints are
+            written (never without a valid split). It may raise
+            ``StopTraining`` to end training there; any other exception
+            propagates out of ``fit``. Under DDP every rank calls it with the
+            same metrics and must decide the same way. None (default): no call.
 
     Under ``torch.distributed`` (initialised by the caller, e.g. ``stages.train``
     under torchrun) the model is wrapped in ``DistributedDataParallel``.
@@ -343,6 +387,7 @@ class Trainer:
         model_config: dict[str, Any],
         assets_dir: str,
         pad_id: int = 0,
+        on_eval: Callable[[EvalEvent], None] | None = None,
     ) -> None:
         if len(train_seqs) == 0:
             raise ValueError("training split is empty")
@@ -400,6 +445,8 @@ class Trainer:
         self.resumed_from: str | None = None
         self._auto_ga_logged = False
         self._live: Any = None
+        self.on_eval = on_eval
+        self.stop_reason: str | None = None  # message of a StopTraining raised by on_eval
 
     # ---------------------------------------------------------------- saving / resuming
     def _training_files(self) -> dict[str, bytes]:
@@ -642,6 +689,16 @@ class Trainer:
             st.best_score,
             st.best_update,
         )
+        if self.on_eval is not None:
+            event = EvalEvent(
+                st.num_updates, epoch, st.samples_seen, dict(metrics), metric, st.best_score
+            )
+            try:
+                self.on_eval(event)
+            except StopTraining as stop:
+                self.stop_reason = str(stop) or "stop requested by on_eval"
+                log.info("update %d: training stopped: %s", st.num_updates, self.stop_reason)
+                return True
         return st.stopped_early
 
     # ---------------------------------------------------------------- one update
