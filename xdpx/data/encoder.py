@@ -129,18 +129,14 @@ class Encoder:
             ``full_length`` is the number of ids before truncation.
         """
         if self.is_hf:
-            assert isinstance(self.tokenizer, HFTokenizer)
-            ids = self.tokenizer.encode(text, text2)
-            full = len(ids)
-            if full > self.max_len:  # re-encode so the closing special tokens survive
-                ids = self.tokenizer.encode(text, text2, max_len=self.max_len)
-        else:
-            if text2 is not None:
-                raise ValueError("joint pair encoding needs tokenizer=hf; encode texts separately")
-            assert self.vocab is not None
-            ids = self.vocab.encode(self.tokenizer.tokenize(text))
-            full = len(ids)
-            ids = ids[: self.max_len]
+            out, lengths = self._encode_hf([text], None if text2 is None else [text2])
+            return out[0], lengths[0]
+        if text2 is not None:
+            raise ValueError("joint pair encoding needs tokenizer=hf; encode texts separately")
+        assert self.vocab is not None
+        ids = self.vocab.encode(self.tokenizer.tokenize(text))
+        full = len(ids)
+        ids = ids[: self.max_len]
         if not ids:
             ids = [self.unk_id]
         return np.asarray(ids, dtype=np.int64), full
@@ -168,8 +164,20 @@ class Encoder:
                 raise ValueError(
                     f"texts ({len(texts)}) and texts2 ({len(texts2)}) differ in length"
                 )
-            return [self.encode_one(a, b)[0] for a, b in zip(texts, texts2, strict=True)]
+            return self._encode_hf(texts, texts2)[0]
+        if self.is_hf:
+            return self._encode_hf(texts)[0]
         return [self.encode_one(t)[0] for t in texts]
+
+    def _encode_hf(
+        self, texts: Sequence[str], texts2: Sequence[str] | None = None
+    ) -> tuple[list[np.ndarray], list[int]]:
+        """hf: one batched tokenizer call (:meth:`HFTokenizer.encode_batch`), truncated to
+        ``max_len`` with the closing special tokens kept; returns ``(ids, full_lengths)``."""
+        assert isinstance(self.tokenizer, HFTokenizer)
+        ids, full = self.tokenizer.encode_batch(texts, texts2, max_len=self.max_len)
+        unk = [self.unk_id]
+        return [np.asarray(x or unk, dtype=np.int64) for x in ids], full
 
     def encode_inputs(
         self, texts: Sequence[str], texts2: Sequence[str] | None = None
@@ -205,9 +213,9 @@ class Encoder:
             raise ValueError("this encoder is for single texts: texts2 must be None")
         if texts2 is not None and len(texts2) != len(texts):
             raise ValueError(f"texts ({len(texts)}) and texts2 ({len(texts2)}) differ in length")
-        if texts2 is not None and self.is_hf:
-            out = [self.encode_one(a, b) for a, b in zip(texts, texts2, strict=True)]
-            return [o[0] for o in out], None, [o[1] for o in out], None
+        if self.is_hf:  # one sequence per row, joint for pairs
+            ids, full = self._encode_hf(texts, texts2)
+            return ids, None, full, None
         out = [self.encode_one(t) for t in texts]
         ids, full = [o[0] for o in out], [o[1] for o in out]
         if texts2 is None:

@@ -5,6 +5,8 @@ The keys of :data:`TOKENIZERS` are exactly the values of ``PreproConfig.tokenize
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Any
 
 __all__ = ["CharTokenizer", "WhitespaceTokenizer", "HFTokenizer", "TOKENIZERS", "make_tokenizer"]
@@ -92,6 +94,7 @@ class HFTokenizer:
             raise ValueError(f"tokenizer_path {path!r}: the tokenizer has no pad token")
         self.path = path
         self.tok: Any = tok
+        self._backends: dict[int | None, Any] = {}  # max_len -> private Rust tokenizer copy
 
     @property
     def pad_id(self) -> int:
@@ -139,6 +142,78 @@ class HFTokenizer:
                 truncation="longest_first" if text2 is not None else True, max_length=max_len
             )
         return list(self.tok(text, text2, **kwargs)["input_ids"])
+
+    def _backend(self, max_len: int | None) -> Any:
+        """A private copy of the Rust ``tokenizers.Tokenizer``: no padding, truncation to
+        ``max_len`` (``longest_first``, the tokenizer's ``truncation_side``) or none.
+
+        A copy, because ``transformers`` re-configures the shared backend on every call.
+        """
+        if max_len not in self._backends:
+            from tokenizers import Tokenizer
+
+            backend = Tokenizer.from_str(self.tok.backend_tokenizer.to_str())
+            backend.no_padding()
+            if max_len is None:
+                backend.no_truncation()
+            else:
+                backend.enable_truncation(
+                    max_len, stride=0, strategy="longest_first", direction=self.tok.truncation_side
+                )
+            backend.encode_special_tokens = bool(getattr(self.tok, "split_special_tokens", False))
+            self._backends[max_len] = backend
+        return self._backends[max_len]
+
+    def encode_batch(
+        self,
+        texts: Sequence[str],
+        texts2: Sequence[str] | None = None,
+        max_len: int | None = None,
+    ) -> tuple[list[list[int]], list[int]]:
+        """Ids of many texts (or joint pairs) and their lengths before truncation.
+
+        The ids equal those of the batched call ``tok(texts, texts2, truncation=...,
+        max_length=max_len)`` (and of :meth:`encode` text by text, except that a
+        single ``__call__`` treats an empty second text as no pair). Each text is
+        tokenized once, by one ``tokenizers`` ``encode_batch`` call (Rust, parallel
+        over texts) without special tokens; ``Tokenizer.post_process`` then adds the
+        special tokens, truncating only the sequences longer than ``max_len``: the
+        steps ``tokenizers`` runs inside a call (``encode_single_sequence`` per text,
+        then ``post_process``). So the untruncated length comes for free instead of
+        from a second, untruncated tokenization.
+
+        Args:
+            texts: ``[n]`` first texts.
+            texts2: ``[n]`` second texts of pairs, or None.
+            max_len: truncate each sequence to this many ids (``longest_first`` for
+                pairs); None = no limit.
+
+        Returns:
+            ``(ids, full_lengths)``: ``n`` id lists (special tokens included) and ``n``
+            lengths in ids before truncation.
+
+        Raises:
+            ValueError: ``texts2`` has a different length than ``texts``.
+        """
+        if texts2 is not None and len(texts2) != len(texts):
+            raise ValueError(f"texts ({len(texts)}) and texts2 ({len(texts2)}) differ in length")
+        raw = self._backend(None)
+        first = raw.encode_batch(list(texts), add_special_tokens=False)
+        second = (
+            raw.encode_batch(list(texts2), add_special_tokens=False)
+            if texts2 is not None
+            else [None] * len(first)
+        )
+        n_special = raw.num_special_tokens_to_add(texts2 is not None)
+        limit = math.inf if max_len is None else max_len
+        cut = raw if max_len is None else self._backend(max_len)
+        ids: list[list[int]] = []
+        full: list[int] = []
+        for a, b in zip(first, second, strict=True):
+            n = len(a) + (len(b) if b is not None else 0) + n_special
+            full.append(n)
+            ids.append((cut if n > limit else raw).post_process(a, b).ids)
+        return ids, full
 
 
 #: ``PreproConfig.tokenizer`` name -> tokenizer class.
