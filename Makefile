@@ -32,9 +32,11 @@ test: install
 lint: install
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
-bench: install  ## the classical baseline vs the demo's test accuracy; Trainer vs bare-loop speed
+bench: install  ## baseline vs the demo's accuracy; speed ratios: Trainer vs bare loop, prepro and fine-tuning vs transformers
 	$(PY) bench/baseline.py --metrics reports/metrics.json
 	$(PY) bench/trainer_overhead.py
+	$(PY) bench/tokenize_throughput.py
+	$(PY) bench/finetune_throughput.py
 
 clean:
 	rm -rf data/raw data/prepared models reports/*.json reports/*.png reports/*.tsv
