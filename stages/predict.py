@@ -32,6 +32,7 @@ class PredictResult(BaseModel):
     label_counts: dict[str, int]
 
 
+@io.stage("predict")
 def run(cfg: PredictConfig) -> PredictResult:
     """Predict every line of ``cfg.data_file`` with ``cfg.checkpoint``; write ``cfg.out_file``.
 

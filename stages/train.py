@@ -93,14 +93,17 @@ def _resume_path(cfg: TrainConfig) -> str | None:
     path = find_resumable(cfg.save_dir)
     if path is None and preflight.run_markers_in(cfg.save_dir):
         raise CheckpointError(
-            f"train.resume: {cfg.save_dir} holds a run but no full checkpoint (last/trainer_state.json); "
-            "it was trained without save_full_checkpoint=true"
+            f"train.resume: {cfg.save_dir} holds a run but no full checkpoint (last/trainer_state.json"
+            + (" with its manifest.json" if io.is_remote(cfg.save_dir) else "")
+            + "); it was trained without save_full_checkpoint=true"
+            + (" or the upload of last/ was interrupted" if io.is_remote(cfg.save_dir) else "")
         )
     if path is None:
         log.info("train.resume: nothing to resume in %s; starting a new run", cfg.save_dir)
     return path
 
 
+@io.stage("train")
 def run(cfg: TrainConfig) -> TrainResult:
     """Train one model; see the module docstring for the outputs.
 

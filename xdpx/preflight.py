@@ -35,7 +35,17 @@ def _must_exist(section: str, key: str, path: str, what: str = "") -> None:
 
 
 def run_markers_in(path: str) -> list[str]:
-    """The ``RUN_MARKERS`` present in ``path`` (empty: it holds no training run)."""
+    """The ``RUN_MARKERS`` present in ``path`` (empty: it holds no training run).
+
+    On an object store this is one (retried) listing; a store that keeps failing raises
+    ``RemoteIOError`` rather than reporting a free directory.
+    """
+    if io.is_remote(path):
+        try:
+            names = {p.rstrip("/").rsplit("/", 1)[-1] for p in io.ls(path)}
+        except FileNotFoundError:
+            return []
+        return [name for name in RUN_MARKERS if name in names]
     return [name for name in RUN_MARKERS if io.exists(io.join(path, name))]
 
 

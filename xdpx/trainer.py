@@ -42,6 +42,9 @@ optimizer update. Features are plain branches, not hooks:
   (``log_sample_ids``), scalars from ``xdpx.log.add_summary``, DVCLive
   metrics/plots under ``<save_dir>/dvclive``, a tqdm progress bar, and an
   optional torch.profiler trace (``profile``).
+* remote save_dir (``oss://``, ``s3://``): every log rewrite and checkpoint goes
+  through ``xdpx.io`` (atomic objects, retried); DVCLive writes to a local staging
+  directory mirrored to ``<save_dir>/dvclive`` after each evaluation and at the end.
 """
 
 from __future__ import annotations
@@ -100,11 +103,14 @@ TRAIN_COLUMNS = [
     "wall_time",
 ]
 
-#: ``train`` keys that may differ between a checkpoint and the run resuming it.
+#: ``train`` keys that may differ between a checkpoint and the run resuming it
+#: (``save_dir``/``auto_suffix``: ``resume_from`` continues another run in a new directory).
 RESUMABLE_CHANGES = frozenset(
     {
         "resume",
         "resume_from",
+        "save_dir",
+        "auto_suffix",
         "overwrite",
         "max_epoch",
         "max_update",
@@ -398,6 +404,7 @@ class Trainer:
         self.resumed_from: str | None = None
         self._auto_ga_logged = False
         self._live: Any = None
+        self._live_mirror: io.DirMirror | None = None  # remote save_dir: dvclive/ staged locally
 
     # ---------------------------------------------------------------- saving / resuming
     def _training_files(self) -> dict[str, bytes]:
@@ -550,16 +557,37 @@ class Trainer:
             )
 
     def _open_live(self) -> Any:
-        """DVCLive writer at ``<save_dir>/dvclive`` (rank 0); on resume, drop steps after the checkpoint."""
+        """DVCLive writer at ``<save_dir>/dvclive`` (rank 0); on resume, drop steps after the checkpoint.
+
+        DVCLive writes to a local directory; for a save_dir on an object store it writes
+        to a staging directory under ``xdpx.io.cache_dir("live")`` (filled from the
+        remote ``dvclive/`` on resume) that :meth:`_push_live` uploads after each
+        evaluation and at the end.
+        """
         if not self.is_main:
             return None
+        import hashlib
+        import shutil
+
         from dvclive import Live
 
         live_dir = io.join(self.save_dir, "dvclive")
         resumed = self.resumed_from is not None
+        if io.is_remote(live_dir):
+            remote = live_dir
+            live_dir = io.cache_dir("live", hashlib.sha256(remote.encode()).hexdigest()[:16])
+            shutil.rmtree(live_dir, ignore_errors=True)
+            if resumed and io.isdir(remote):
+                io.download_dir(remote, live_dir)
+            self._live_mirror = io.DirMirror(live_dir, remote)
         if resumed and io.is_local(live_dir):
             _truncate_dvclive(live_dir, self.state.num_updates)
         return Live(dir=live_dir, save_dvc_exp=False, dvcyaml=None, report=None, resume=resumed)
+
+    def _push_live(self) -> None:
+        """Upload what DVCLive changed to the remote ``<save_dir>/dvclive`` (remote save_dir only)."""
+        if self._live_mirror is not None:
+            self._live_mirror.push()
 
     def _log_train_row(self, grad_norm: float, scale: float | None) -> None:
         st, live = self.state, self._live
@@ -622,6 +650,7 @@ class Trainer:
                 self._live.log_metric(f"valid/{k}", v)
             self._live.log_metric("valid/samples_seen", st.samples_seen, plot=False)
             self._live.make_summary()
+            self._push_live()
         info_v = {**info, "valid": metrics}
         if improved:
             self._save("best", info_v)
@@ -777,6 +806,7 @@ class Trainer:
             NonFiniteLossError: the loss or the gradient norm became NaN/Inf.
             DivergenceError: the loss exceeded ``max_loss``.
             LossScaleError: fp16 loss scale fell below ``min_loss_scale``.
+            RemoteIOError: a save_dir on an object store kept failing (after xdpx.io's retries).
         """
         cfg, st = self.cfg, self.state
         self._start = time.perf_counter()
@@ -801,6 +831,7 @@ class Trainer:
             bar.close()
             if self._live is not None:
                 self._live.end()
+        self._push_live()  # remote save_dir: the final DVCLive files
         if self.world_size > 1:
             dist.barrier()
         return TrainResult(

@@ -54,14 +54,16 @@ class HFTokenizer:
     """A local Hugging Face *fast* tokenizer; produces ids (special tokens included) directly.
 
     Lower-casing is left to the tokenizer's own normalizer (``PreproConfig.lower`` does
-    not apply). Nothing is downloaded: the directory must hold ``tokenizer.json`` etc.
+    not apply). Nothing is downloaded from the Hub: the directory must hold
+    ``tokenizer.json`` etc. An ``oss://``/``s3://`` directory is copied to
+    ``xdpx.io.cache_dir("tokenizers")`` first.
 
     Args:
-        path: local directory loadable by ``AutoTokenizer.from_pretrained``.
+        path: directory loadable by ``AutoTokenizer.from_pretrained`` (local or remote).
         lower: ignored (kept for a uniform constructor).
 
     Raises:
-        ValueError: ``path`` is not a local directory, cannot be loaded, or is not a
+        ValueError: ``path`` is not a directory, cannot be loaded, or is not a
             fast tokenizer, or the tokenizer has no pad token.
     """
 
@@ -72,12 +74,21 @@ class HFTokenizer:
         from transformers.utils import logging as hf_logging
 
         del lower
-        if not io.is_local(path) or not io.isdir(path):
-            raise ValueError(f"tokenizer_path {path!r} is not a local directory")
+        local = path
+        if io.is_remote(path) and io.isdir(path):  # oss:// / s3://: a local copy under the cache
+            import hashlib
+            import shutil
+
+            local = io.cache_dir("tokenizers", hashlib.sha256(path.encode()).hexdigest()[:16])
+            shutil.rmtree(local, ignore_errors=True)
+            io.download_dir(path, local)
+        if not io.is_local(local) or not io.isdir(local):
+            where = "" if io.is_remote(path) else "local "
+            raise ValueError(f"tokenizer_path {path!r} is not a {where}directory")
         verbosity = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()  # no "sequence longer than model_max_length" noise
         try:
-            tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+            tok = AutoTokenizer.from_pretrained(local, local_files_only=True)
         except Exception as e:  # noqa: BLE001 - any load failure is a config problem
             raise ValueError(f"tokenizer_path {path!r}: cannot load a tokenizer ({e})") from None
         finally:
