@@ -22,3 +22,106 @@ def real_subset(tmp_path_factory):
     fetch.run(FetchConfig(out_dir=raw, limit=1200, seed=1))
     prepro.run(PreproConfig(data_source=raw, data_dir=prepared, max_len=128))
     return raw, prepared
+
+
+@pytest.fixture(scope="session")
+def object_store():
+    """A LocalObjectStore (moto S3 + OSS front, faults off) for the whole session.
+
+    See tests/objstore.py. Stopped (fronts and moto) at session end.
+    """
+    from objstore import LocalObjectStore
+
+    with LocalObjectStore(seed=0) as store:
+        yield store
+
+
+@pytest.fixture
+def store_bucket(object_store, monkeypatch):
+    """A fresh bucket, faults off and the store up, and the store's env (OSS_*, AWS_*) set.
+
+    Yields an objstore.StoreBucket (``.name``, ``.oss_url``, ``.s3_url``, ``.store``,
+    ``.keys()``, ``.get_bytes()``). Faults and outages a test sets are undone afterwards.
+    """
+    from objstore import StoreBucket
+
+    object_store.reset_faults()
+    for name, value in object_store.env().items():
+        monkeypatch.setenv(name, value)
+    bucket = StoreBucket(object_store.make_bucket(), object_store)
+    yield bucket
+    object_store.reset_faults()
+
+
+@pytest.fixture(scope="session")
+def xdpx_wheels(tmp_path_factory):
+    """The wheel and the editable wheel of this checkout, built offline with the venv's setuptools.
+
+    Returns {"wheel": Path, "editable": Path}. Built from a copy, so no build/ or egg-info/
+    lands in the checkout.
+    """
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    tmp = tmp_path_factory.mktemp("wheels")
+    src, out = tmp / "src", tmp / "out"
+    out.mkdir()
+    ignore = shutil.ignore_patterns("__pycache__")
+    for name in ("xdpx", "stages", "flows"):
+        shutil.copytree(root / name, src / name, ignore=ignore)
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy(root / name, src / name)
+    built = {}
+    for kind, hook in (("wheel", "build_wheel"), ("editable", "build_editable")):
+        # one interpreter per build: setuptools keeps command state between hooks in a process
+        code = (
+            f"import sys; from setuptools import build_meta; print(build_meta.{hook}(sys.argv[1]))"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", code, str(out)],
+            cwd=src,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        built[kind] = out / proc.stdout.splitlines()[-1].strip()  # setuptools logs before
+    return built
+
+
+@pytest.fixture(scope="session")
+def xdpx_site(xdpx_wheels, tmp_path_factory):
+    """A directory holding the .pth files the xdpx wheel installs into site-packages.
+
+    ``site.addsitedir(xdpx_site)`` processes them exactly as interpreter start does for
+    site-packages; ``site_python(xdpx_site)`` gives the argv prefix that does so.
+    """
+    import zipfile
+
+    site = tmp_path_factory.mktemp("site")
+    with zipfile.ZipFile(xdpx_wheels["wheel"]) as whl:
+        for name in whl.namelist():
+            if name.endswith(".pth") and "/" not in name:
+                (site / name).write_bytes(whl.read(name))
+    assert list(site.glob("*.pth")), "the xdpx wheel ships no .pth file"
+    return site
+
+
+@pytest.fixture(scope="session")
+def xdpx_site_python(xdpx_site) -> list[str]:
+    """argv prefix: this venv's Python with ``xdpx_site`` added as a site dir (its .pth run).
+
+    Append ``-m dvc push`` (any ``-m module args``) to run a module as its console script
+    would in an environment where the xdpx wheel is installed, e.g. a user's plain ``dvc``.
+    """
+    import sys
+
+    launch = (
+        "import runpy, site, sys; site.addsitedir(sys.argv.pop(1)); "
+        "assert sys.argv.pop(1) == '-m'; mod = sys.argv.pop(1); sys.argv[0] = mod; "
+        "runpy.run_module(mod, run_name='__main__', alter_sys=True)"
+    )
+    return [sys.executable, "-c", launch, str(xdpx_site)]
