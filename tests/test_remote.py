@@ -1,7 +1,8 @@
-"""Remote paths (``s3://``, ``oss://``) through xdpx.io: retries, credentials, atomicity, the stages.
+"""Remote paths (``oss://``, ``s3://``) through xdpx.io: retries, credentials, atomicity, the stages.
 
-The stores are real servers on 127.0.0.1: moto's S3 server for ``s3://``. Every test sets
-fast retry settings (``XDPX_IO_*``) so an outage fails in well under a minute.
+The store is real and local: tests/objstore.py's LocalObjectStore (moto's S3 server on
+127.0.0.1 plus an OSS-compatible front, with injected faults and outages). Every test sets
+fast retry settings (``XDPX_IO_*``) so an outage fails in seconds.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import hashlib
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -40,13 +40,6 @@ FAST_RETRIES = {
 TRAIN = {"ngram_buckets": 65536, "max_epoch": 2, "save_full_checkpoint": True, "seed": 3}
 
 
-def closed_port() -> int:
-    """A 127.0.0.1 port with nothing listening (connection refused)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def files_under(root: str | Path) -> dict[str, str]:
     """Relative path -> sha256 of every file under a local directory (a snapshot)."""
     root = Path(root)
@@ -59,16 +52,21 @@ def files_under(root: str | Path) -> dict[str, str]:
     }
 
 
-def assert_no_secret(paths: list[Path], *texts: str) -> int:
-    """Fail if SECRET is in any file under ``paths`` or in ``texts``; returns files checked."""
+def assert_no_secret(paths: list[Path], *texts: str, secrets: tuple[str, ...] = ()) -> int:
+    """Fail if a secret (SECRET, ``secrets``, the store's marker) is in any file under ``paths``
+    or in ``texts``; returns the number of files checked."""
+    from objstore import SECRET_MARKER
+
+    needles = (SECRET, SECRET_MARKER, *secrets)
     checked = 0
     for root in paths:
         for p in [root] if root.is_file() else root.rglob("*"):
             if p.is_file():
-                assert SECRET.encode() not in p.read_bytes(), f"secret written to {p}"
+                data = p.read_bytes()
+                assert not [n for n in needles if n.encode() in data], f"secret written to {p}"
                 checked += 1
     for text in texts:
-        assert SECRET not in text
+        assert not [n for n in needles if n in text], "secret in the logs or output"
     return checked
 
 
@@ -228,61 +226,66 @@ def test_url_with_credentials_is_refused_without_echoing_them():
     assert SECRET not in str(err.value)
 
 
-# ---------------------------------------------------------------- a real S3 server (moto)
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    """moto's S3 server on 127.0.0.1 with bucket ``xdpx``; env: credentials, endpoint, fast retries."""
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    env = {
-        "AWS_ACCESS_KEY_ID": "AKIDxdpxtest",
-        "AWS_SECRET_ACCESS_KEY": SECRET,
-        "AWS_ENDPOINT_URL": endpoint,
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "XDPX_CACHE_DIR": str(tmp_path_factory.mktemp("xdpx-cache")),
-        **FAST_RETRIES,
-    }
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in env.items():
-            mp.setenv(k, v)
-        import boto3
-
-        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="xdpx")
-        yield endpoint
-    server.stop()
+# ---------------------------------------------------------------- the local object store
+@pytest.fixture
+def remote(store_bucket, monkeypatch, tmp_path_factory):
+    """A fresh bucket of the local object store (tests/objstore.py), its credentials in the
+    environment, fast retries and a private ``XDPX_CACHE_DIR`` (local staging)."""
+    for name, value in FAST_RETRIES.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("XDPX_CACHE_DIR", str(tmp_path_factory.mktemp("xdpx-cache")))
+    return store_bucket
 
 
-def test_remote_file_ops_and_atomic_writes(s3):
-    base = "s3://xdpx/io"
+@pytest.mark.parametrize("protocol", ["oss", "s3"])
+def test_remote_file_ops_and_atomic_writes(remote, protocol):
+    base = f"{protocol}://{remote.name}/io"
     io.write_text(f"{base}/a/b.txt", "你好\n")
     assert io.exists(f"{base}/a/b.txt") and io.isfile(f"{base}/a/b.txt")
     assert io.isdir(f"{base}/a") and not io.exists(f"{base}/zz")
     assert io.read_text(f"{base}/a/b.txt") == "你好\n"
     assert io.ls(f"{base}/a") == [f"{base}/a/b.txt"]
     assert io.size(f"{base}/a/b.txt") == len("你好\n".encode())
-    with pytest.raises(FileNotFoundError, match="s3://xdpx/io/missing.txt"):
+    with pytest.raises(FileNotFoundError, match=f"{base}/missing.txt"):
         io.read_text(f"{base}/missing.txt")
-    # a write that fails half-way leaves the old object and no other key
+    # a write that fails half-way leaves the old object and no other key, remote or local
     with pytest.raises(RuntimeError), io.open_atomic(f"{base}/a/b.txt") as f:
         f.write(b"half")
         raise RuntimeError("crash mid-write")
     assert io.read_text(f"{base}/a/b.txt") == "你好\n"
-    assert io.ls(base) == [f"{base}/a"] and io.ls(f"{base}/a") == [f"{base}/a/b.txt"]
-    assert not os.listdir(io.cache_dir("tmp"))  # the local staging file is gone too
-    # copy through local disk and back, with md5 equality
+    assert remote.keys() == ["io/a/b.txt"]
+    assert not os.listdir(io.cache_dir("tmp"))
+    # 3 MiB through local disk and back (the OSS front's multipart minimum is 100 KiB)
     big = os.urandom(3 * 1024 * 1024 + 17)
     io.write_bytes(f"{base}/big.bin", big)
     io.copy(f"{base}/big.bin", f"{base}/copy.bin", progress=True)
     assert io.md5(f"{base}/copy.bin") == hashlib.md5(big).hexdigest()
+    assert remote.get_bytes("io/copy.bin") == big
     io.rm(base, recursive=True)
-    assert not io.exists(base)
+    assert not io.exists(base) and remote.keys() == []
 
 
-def test_interrupted_checkpoint_upload_is_never_taken_for_a_checkpoint(s3, monkeypatch):
+def test_faults_are_retried_and_an_outage_is_reported(remote, monkeypatch):
+    store, base = remote.store, f"oss://{remote.name}/faults"
+    monkeypatch.setenv("XDPX_IO_RETRIES", "12")
+    store.fail_rate = 0.3
+    store.fault_kinds = ("503", "reset", "reset_after")  # reset_after: done, answer lost
+    for i in range(20):
+        io.write_text(f"{base}/{i}.txt", str(i))
+    assert [io.read_text(f"{base}/{i}.txt") for i in range(20)] == [str(i) for i in range(20)]
+    io.rm(f"{base}/3.txt")
+    assert len(io.ls(base)) == 19 and not io.exists(f"{base}/3.txt")
+    assert store.stats.faults >= 10 and all(store.stats.injected.values())
+    assert remote.keys() == sorted(f"faults/{i}.txt" for i in range(20) if i != 3)
+    store.fail_rate = 0
+    store.down()
+    monkeypatch.setenv("XDPX_IO_RETRIES", "2")
+    with io.stage("evaluate"), pytest.raises(RemoteIOError) as err:
+        io.read_text(f"{base}/1.txt")
+    assert str(err.value).startswith(f"evaluate: read {base}/1.txt failed after 3 attempts")
+
+
+def test_interrupted_checkpoint_upload_is_never_taken_for_a_checkpoint(remote, monkeypatch):
     """The manifest is removed first and uploaded last: a failed upload leaves no loadable checkpoint."""
     import torch
 
@@ -293,13 +296,13 @@ def test_interrupted_checkpoint_upload_is_never_taken_for_a_checkpoint(s3, monke
     mc = model_config_from("ngram_lr", cfg, 50, 2, 0)
     torch.manual_seed(0)
     model = build_model("ngram_lr", mc)
-    path = "s3://xdpx/ckpt/run/best"
-    save_checkpoint(path, model, "ngram_lr", mc, {"update": 1}, assets_dir="s3://xdpx/none")
-    assert load_checkpoint(io.join("s3://xdpx/ckpt/run", "<best>")).info["update"] == 1
+    run = f"oss://{remote.name}/ckpt/run"
+    save_checkpoint(f"{run}/best", model, "ngram_lr", mc, {"update": 1}, assets_dir=f"{run}/none")
+    assert load_checkpoint(f"{run}/<best>").info["update"] == 1
     real_upload, sent = io._upload, []
 
     def failing(local, url, progress=None):
-        if url.endswith("config.json"):
+        if url.endswith("model.safetensors"):
             raise RemoteIOError(f"write {url} failed after 9 attempts")
         sent.append(url.rsplit("/", 1)[-1])
         real_upload(local, url, progress)
@@ -308,17 +311,17 @@ def test_interrupted_checkpoint_upload_is_never_taken_for_a_checkpoint(s3, monke
     with torch.no_grad():
         next(model.parameters()).add_(1.0)
     with pytest.raises(RemoteIOError):
-        save_checkpoint(path, model, "ngram_lr", mc, {"update": 2}, assets_dir="s3://xdpx/none")
-    assert "manifest.json" not in sent
+        save_checkpoint(f"{run}/best", model, "ngram_lr", mc, {"update": 2}, assets_dir=run)
+    assert sent == ["config.json"]  # then model.safetensors failed; manifest.json never sent
     with pytest.raises(CheckpointError, match="no manifest.json"):
-        resolve_checkpoint("s3://xdpx/ckpt/run/<best>")
+        resolve_checkpoint(f"{run}/<best>")
     monkeypatch.setattr(io, "_upload", real_upload)
-    save_checkpoint(path, model, "ngram_lr", mc, {"update": 2}, assets_dir="s3://xdpx/none")
-    assert load_checkpoint(path).info["update"] == 2
-    assert sorted(p.rsplit("/", 1)[-1] for p in io.ls(path)) == [
-        "config.json",
-        "manifest.json",
-        "model.safetensors",
+    save_checkpoint(f"{run}/best", model, "ngram_lr", mc, {"update": 2}, assets_dir=run)
+    assert load_checkpoint(f"{run}/best").info["update"] == 2
+    assert remote.keys("ckpt/") == [
+        "ckpt/run/best/config.json",
+        "ckpt/run/best/manifest.json",
+        "ckpt/run/best/model.safetensors",
     ]
     assert not os.listdir(io.cache_dir("staging"))  # local staging cleaned up
 
@@ -352,6 +355,15 @@ def _chain(raw_source: str, prepared: str, run_dir: str, reports: str, export_di
     return out
 
 
+def _remote_chain(raw: str, base: str) -> dict:
+    """Upload the raw TSVs under ``base`` and run the chain with every path under ``base``."""
+    for name in ("train.tsv", "dev.tsv", "test.tsv"):
+        io.copy(os.path.join(raw, name), f"{base}/raw/{name}")
+    return _chain(
+        f"{base}/raw", f"{base}/prepared", f"{base}/runs/r1", f"{base}/reports", f"{base}/export"
+    )
+
+
 @pytest.fixture(scope="module")
 def local_chain(real_subset, tmp_path_factory):
     """The chain on local paths: what every remote run must reproduce."""
@@ -361,61 +373,86 @@ def local_chain(real_subset, tmp_path_factory):
     return root, results
 
 
-def upload_raw(raw: str, dest: str) -> None:
-    for name in ("train.tsv", "dev.tsv", "test.tsv"):
-        io.copy(os.path.join(raw, name), io.join(dest, name))
-
-
-def test_s3_chain_matches_local_and_writes_no_secret(
-    s3, real_subset, local_chain, tmp_path, caplog, capfd
-):
-    caplog.set_level(logging.DEBUG)
-    raw, _ = real_subset
-    root, local = local_chain
-    base = "s3://xdpx/chain"
-    upload_raw(raw, f"{base}/raw")
-    remote = _chain(
-        f"{base}/raw", f"{base}/prepared", f"{base}/runs/r1", f"{base}/reports", f"{base}/export"
-    )
-    # same data, same model, same scores as on local disk
+def assert_same_as_local(base: str, remote: dict, root: Path, local: dict) -> None:
+    """The remote chain under ``base`` produced what the local chain under ``root`` did."""
     for split in ("train", "dev", "test"):
         a, b = load_split(f"{base}/prepared", split), load_split(f"{root}/prepared", split)
         assert [x.tolist() for x in a.input_ids] == [x.tolist() for x in b.input_ids]
+        assert a.labels.tolist() == b.labels.tolist()
     assert remote["train"].best_valid == local["train"].best_valid
     assert remote["evaluate"].metrics == local["evaluate"].metrics
-    assert (
-        io.read_bytes(f"{base}/runs/r1/best/model.safetensors")
-        == (root / "run/best/model.safetensors").read_bytes()
-    )
-    for name in ("valid.log.tsv", "best/config.json", "best/vocab.txt"):
-        assert io.read_text(f"{base}/runs/r1/{name}") == (root / "run" / name).read_text(), name
-    assert (
-        io.read_text(f"{base}/reports/predictions.tsv")
-        == (root / "reports/predictions.tsv").read_text()
-    )
-    assert (
-        json.loads(io.read_text(f"{base}/export/report.json"))["parity"]["argmax_agreement"] == 1.0
-    )
-    assert io.exists(f"{base}/export/model.onnx") and io.exists(f"{base}/reports/valid_curve.png")
-    dvclive = json.loads(io.read_text(f"{base}/runs/r1/dvclive/metrics.json"))
-    assert dvclive["valid"]["accuracy"] == pytest.approx(
-        json.loads((root / "run/dvclive/metrics.json").read_text())["valid"]["accuracy"]
-    )
+    same = [
+        ("runs/r1/best/model.safetensors", "run/best/model.safetensors"),
+        ("runs/r1/last/optimizer.pt", "run/last/optimizer.pt"),
+        ("runs/r1/valid.log.tsv", "run/valid.log.tsv"),
+        ("runs/r1/best/config.json", "run/best/config.json"),
+        ("reports/predictions.tsv", "reports/predictions.tsv"),
+        ("reports/metrics.json", "reports/metrics.json"),
+        ("runs/r1/dvclive/plots/metrics/valid/accuracy.tsv", "run/dvclive/plots/metrics/valid/accuracy.tsv"),
+    ]  # fmt: skip
+    for remote_name, local_name in same:
+        assert io.read_bytes(f"{base}/{remote_name}") == (root / local_name).read_bytes(), (
+            remote_name
+        )
+    report = json.loads(io.read_text(f"{base}/export/report.json"))
+    assert report["parity"]["argmax_agreement"] == 1.0
+    onnx = io.read_bytes(f"{base}/export/model.onnx")
+    assert hashlib.sha256(onnx).hexdigest() == report["onnx_sha256"]
+    assert onnx == (root / "export/model.onnx").read_bytes()
+
+
+def test_oss_chain_matches_local_and_writes_no_secret(
+    remote, real_subset, local_chain, tmp_path, caplog, capfd
+):
+    """prepro from oss://, train to oss://, evaluate/predict/export from oss://<run>/<best>."""
+    caplog.set_level(logging.DEBUG)
+    raw, _ = real_subset
+    root, local = local_chain
+    base = f"oss://{remote.name}/chain"
+    remote_results = _remote_chain(raw, base)
+    assert_same_as_local(base, remote_results, root, local)
+    assert remote_results["evaluate"].checkpoint == f"{base}/runs/r1/best"
     # no credential anywhere: the downloaded remote tree, the local staging, the logs
     io.download_dir(base, str(tmp_path / "remote"))
     out, err = capfd.readouterr()
     checked = assert_no_secret(
-        [tmp_path / "remote", Path(os.environ["XDPX_CACHE_DIR"])], caplog.text, out, err
+        [tmp_path / "remote", Path(os.environ["XDPX_CACHE_DIR"])],
+        caplog.text,
+        out,
+        err,
+        secrets=remote.store.secrets,
     )
     assert checked > 40
     params = (tmp_path / "remote/runs/r1/params.yaml").read_text()
-    assert "save_dir: s3://xdpx/chain/runs/r1" in params
+    assert f"save_dir: {base}/runs/r1" in params
+    assert not [k for k in remote.keys() if ".tmp" in k]
 
 
-def test_remote_run_dir_checks_and_resume(s3, real_subset, tmp_path):
-    """Existing-run checks and a bit-exact resume, with save_dir on the store."""
+def test_chain_with_20_percent_faults_loses_nothing(
+    remote, real_subset, local_chain, monkeypatch, caplog
+):
+    caplog.set_level(logging.INFO, logger="xdpx.io")
+    raw, _ = real_subset
+    root, local = local_chain
+    store = remote.store
+    monkeypatch.setenv("XDPX_IO_RETRIES", "12")
+    store.fail_rate = 0.2
+    store.fault_kinds = ("503", "reset", "reset_after")
+    base = f"oss://{remote.name}/faulty"
+    remote_results = _remote_chain(raw, base)
+    faults = store.stats.injected
+    store.fail_rate = 0
+    assert_same_as_local(base, remote_results, root, local)
+    assert sum(faults.values()) >= 50 and all(faults.values()), faults
+    assert "retry 1/12" in caplog.text  # xdpx.io retried (not only the client libraries)
+    assert not [k for k in remote.keys() if ".tmp" in k]
+    assert store.pending_uploads(remote.name) == []
+
+
+def test_s3_train_outage_then_resume_equals_uninterrupted(remote, real_subset, tmp_path):
+    """train on s3://: existing-run checks; an outage mid-run, then resume == one straight run."""
     raw, prepared = real_subset
-    base = "s3://xdpx/resume"
+    store, base = remote.store, f"s3://{remote.name}/resume"
     full = dict(TRAIN, batch_size=128, eval_interval=3, log_interval=2)
     train.run(TrainConfig(data_dir=prepared, save_dir=f"{base}/straight", **full))
     with pytest.raises(FileExistsError, match=f"{base}/straight already holds a run"):
@@ -424,128 +461,88 @@ def test_remote_run_dir_checks_and_resume(s3, real_subset, tmp_path):
         TrainConfig(data_dir=prepared, save_dir=f"{base}/straight", auto_suffix=True, max_update=2)
     )
     assert suffixed.save_dir == f"{base}/straight-2" and io.exists(f"{base}/straight-2/last")
-    # a run that crashes at update 8 (last/ saved at 6) and is resumed ends like the straight run
-    from xdpx.trainer import Trainer
 
-    class Crash(Exception):
-        pass
+    # the store goes down at update 8 (last/ was saved at update 6)
+    from xdpx.trainer import Trainer
 
     log_row = Trainer._log_train_row
 
-    def crashing(self, *args):
-        if self.state.num_updates >= 7:
-            raise Crash(f"killed at update {self.state.num_updates}")
+    def outage_at_8(self, *args):
+        if self.state.num_updates == 8:
+            store.down()
         return log_row(self, *args)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(Trainer, "_log_train_row", crashing)
-        with pytest.raises(Crash):
+        mp.setattr(Trainer, "_log_train_row", outage_at_8)
+        mp.setenv("XDPX_IO_RETRIES", "2")
+        with pytest.raises(RemoteIOError, match=f"^train: write {base}/split/train.log.tsv"):
             train.run(TrainConfig(data_dir=prepared, save_dir=f"{base}/split", **full))
+    store.up()
     state = json.loads(io.read_text(f"{base}/split/last/trainer_state.json"))
     assert state["num_updates"] == 6
-    train.run(TrainConfig(data_dir=prepared, save_dir=f"{base}/split", resume=True, **full))
-    for name in ("valid.log.tsv", "last/model.safetensors", "best/model.safetensors"):
-        assert io.read_bytes(f"{base}/split/{name}") == io.read_bytes(f"{base}/straight/{name}"), (
-            name
-        )
-    straight = json.loads(io.read_text(f"{base}/straight/dvclive/metrics.json"))
-    split = json.loads(io.read_text(f"{base}/split/dvclive/metrics.json"))
-    assert split["step"] == straight["step"] and split["valid"] == straight["valid"]
-    # a local run continued from the remote checkpoint of another ends the same way too
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(Trainer, "_log_train_row", crashing)
-        with pytest.raises(Crash):
-            train.run(TrainConfig(data_dir=prepared, save_dir=f"{base}/crashed", **full))
+    # continued from the remote checkpoint into a local run, and in place on the store
     local = tmp_path / "from-remote"
     train.run(
         TrainConfig(
-            data_dir=prepared, save_dir=str(local), resume_from=f"{base}/crashed/<last>", **full
+            data_dir=prepared, save_dir=str(local), resume_from=f"{base}/split/<last>", **full
         )
     )
-    assert json.loads((local / "repro.json").read_text())["resumed_from"] == f"{base}/crashed/last"
-    assert (local / "valid.log.tsv").read_bytes() == io.read_bytes(f"{base}/straight/valid.log.tsv")
-    assert (local / "last/model.safetensors").read_bytes() == io.read_bytes(
-        f"{base}/straight/last/model.safetensors"
-    )
-
-
-def _store_down_env(monkeypatch) -> None:
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{closed_port()}")
-    monkeypatch.setenv("XDPX_IO_RETRIES", "2")
+    assert json.loads((local / "repro.json").read_text())["resumed_from"] == f"{base}/split/last"
+    train.run(TrainConfig(data_dir=prepared, save_dir=f"{base}/split", resume=True, **full))
+    for name in ("valid.log.tsv", "last/model.safetensors", "best/model.safetensors"):
+        straight = io.read_bytes(f"{base}/straight/{name}")
+        assert io.read_bytes(f"{base}/split/{name}") == straight, name
+        assert (local / name).read_bytes() == straight, name
+    straight = json.loads(io.read_text(f"{base}/straight/dvclive/metrics.json"))
+    resumed = json.loads(io.read_text(f"{base}/split/dvclive/metrics.json"))
+    assert resumed["step"] == straight["step"] and resumed["valid"] == straight["valid"]
 
 
 def test_store_down_names_url_and_stage_and_writes_nothing_locally(
-    s3, real_subset, local_chain, tmp_path, monkeypatch
+    remote, real_subset, local_chain, tmp_path, monkeypatch
 ):
     raw, prepared = real_subset
     root, _ = local_chain
-    _store_down_env(monkeypatch)
+    base = f"oss://{remote.name}"
+    io.write_text(f"{base}/raw/test.tsv", (Path(raw) / "test.tsv").read_text())
+    remote.store.down()
+    monkeypatch.setenv("XDPX_IO_RETRIES", "2")
     out = tmp_path / "out"
-    before = files_under(tmp_path), files_under(root)
+    before = files_under(tmp_path), files_under(root), files_under(raw)
     cases = [
-        (
-            "prepro",
-            lambda: prepro.run(
-                PreproConfig(data_source="s3://xdpx/down/raw", data_dir=str(out / "p"))
-            ),
-            "s3://xdpx/down/raw",
-        ),
-        (
-            "train",
-            lambda: train.run(
-                TrainConfig(data_dir=prepared, save_dir="s3://xdpx/down/run", **TRAIN)
-            ),
-            "s3://xdpx/down/run",
-        ),
-        (
-            "evaluate",
-            lambda: evaluate.run(
-                EvaluateConfig(
-                    checkpoint="s3://xdpx/down/run/<best>",
-                    data_dir=prepared,
-                    metrics_file=str(out / "metrics.json"),
-                )
-            ),
-            "s3://xdpx/down/run/best",
-        ),
-        (
-            "predict",
-            lambda: predict.run(
-                PredictConfig(
-                    checkpoint=str(root / "run/<best>"),
-                    data_file="s3://xdpx/down/test.tsv",
-                    out_file=str(out / "pred.tsv"),
-                )
-            ),
-            "s3://xdpx/down/test.tsv",
-        ),
-        (
-            "export",
-            lambda: export.run(
-                ExportConfig(
-                    checkpoint=str(root / "run/<best>"),
-                    data_dir=prepared,
-                    out_dir="s3://xdpx/down/export",
-                    num_samples=8,
-                )
-            ),
-            "s3://xdpx/down/export",
-        ),
-    ]
-    for stage, call, url in cases:
+        ("prepro", f"{base}/raw", lambda: prepro.run(
+            PreproConfig(data_source=f"{base}/raw", data_dir=str(out / "prepared")))),
+        ("train", f"{base}/run", lambda: train.run(
+            TrainConfig(data_dir=prepared, save_dir=f"{base}/run", **TRAIN))),
+        ("train", f"{base}/prepared", lambda: train.run(
+            TrainConfig(data_dir=f"{base}/prepared", save_dir=str(out / "run"), **TRAIN))),
+        ("evaluate", f"{base}/run/best", lambda: evaluate.run(EvaluateConfig(
+            checkpoint=f"{base}/run/<best>", data_dir=prepared,
+            metrics_file=str(out / "metrics.json"), confusion_png=str(out / "c.png")))),
+        ("predict", f"{base}/raw/test.tsv", lambda: predict.run(PredictConfig(
+            checkpoint=str(root / "run/<best>"), data_file=f"{base}/raw/test.tsv",
+            out_file=str(out / "pred.tsv")))),
+        ("export", f"{base}/export", lambda: export.run(ExportConfig(
+            checkpoint=str(root / "run/<best>"), data_dir=prepared, out_dir=f"{base}/export",
+            num_samples=8))),
+    ]  # fmt: skip
+    for stage, url, call in cases:
         with pytest.raises(RemoteIOError) as err:
             call()
-        assert str(err.value).startswith(f"{stage}: "), err.value
-        assert url in str(err.value) and "failed after 3 attempts" in str(err.value)
-    assert (files_under(tmp_path), files_under(root)) == before
-    # the command line: one line naming stage and URL, exit status 75 (EX_TEMPFAIL)
+        message = str(err.value)
+        assert message.startswith(f"{stage}: ") and url in message, message
+        assert "failed after 3 attempts" in message
+    assert (files_under(tmp_path), files_under(root), files_under(raw)) == before
+    # the command line: one line naming the stage and the URL, exit status 75 (EX_TEMPFAIL)
     proc = subprocess.run(
         [sys.executable, "-m", "stages.predict", f"predict.checkpoint={root}/run/<best>",
-         "predict.data_file=s3://xdpx/down/test.tsv", f"predict.out_file={out}/p.tsv"],
+         f"predict.data_file={base}/raw/test.tsv", f"predict.out_file={out}/pred.tsv"],
         cwd=ROOT, capture_output=True, text=True, timeout=300, env=dict(os.environ),
     )  # fmt: skip
     assert proc.returncode == 75, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: predict: ") and "s3://xdpx/down/test.tsv" in last
-    assert SECRET not in proc.stderr + proc.stdout
+    assert last.startswith("error: predict: ") and f"{base}/raw/test.tsv" in last
+    assert_no_secret([], proc.stderr, proc.stdout, secrets=remote.store.secrets)
     assert not out.exists()
+    remote.store.up()
+    assert io.read_text(f"{base}/raw/test.tsv") == (Path(raw) / "test.tsv").read_text()

@@ -490,17 +490,27 @@ def _settings(protocol: str) -> _Settings:
 
 
 def _remote_fs(protocol: str) -> fsspec.AbstractFileSystem:
-    """The cached filesystem of ``protocol`` (``s3`` or ``oss``) for the current settings."""
+    """The cached filesystem of ``protocol`` (``s3`` or ``oss``) for the current settings.
+
+    s3fs runs without a listings cache (another writer's objects show at once). ossfs
+    needs its listings cache internally, so it gets one instance per thread whose cache
+    :func:`_call` clears before every attempt.
+    """
     settings = _settings(protocol)
-    cache_key = (protocol, settings.fingerprint)
+    cache_key = (
+        protocol,
+        settings.fingerprint + (f"-{threading.get_ident()}" if protocol == "oss" else ""),
+    )
     with _LOCK:
         fs = _FILESYSTEMS.get(cache_key)
         if fs is None:
             _SECRETS.update(settings.secrets)
             cls = fsspec.get_filesystem_class(protocol)
-            fs = cls(**settings.options, skip_instance_cache=True, use_listings_cache=False)
             if protocol == "s3":
+                fs = cls(**settings.options, skip_instance_cache=True, use_listings_cache=False)
                 fs.retries = 1  # s3fs's own retry loop; xdpx.io retries whole operations
+            else:
+                fs = cls(**settings.options, skip_instance_cache=True)
             _FILESYSTEMS[cache_key] = fs
     return fs
 
@@ -552,8 +562,20 @@ def is_remote(path: str) -> bool:
 
 
 def _call(op: str, path: str, fn: Callable[[], T]) -> T:
-    """``fn()``, retried when ``path`` is remote; local and ``memory://`` IO is not retried."""
-    return retry(op, str(path), fn) if is_remote(path) else fn()
+    """``fn()``, retried when ``path`` is remote; local and ``memory://`` IO is not retried.
+
+    Each remote attempt starts with the filesystem's listing cache cleared, so it sees
+    the store as it is now (other writers, earlier failed attempts).
+    """
+    if not is_remote(path):
+        return fn()
+    fs, _ = fs_of(path)
+
+    def attempt() -> T:
+        fs.invalidate_cache()
+        return fn()
+
+    return retry(op, str(path), attempt)
 
 
 def _url(path: str, name: str) -> str:
@@ -833,7 +855,7 @@ def ls(path: str) -> list[str]:
     names = sorted(_call("list", path, lambda: fs.ls(p, detail=False)))
     if is_local(path):
         return names
-    return [_url(path, n) for n in names]
+    return [_url(path, n.rstrip("/")) for n in names]
 
 
 def _find(path: str) -> list[str]:

@@ -6,6 +6,8 @@ nothing written:
 
 * every input path exists (local or remote, through ``xdpx.io``);
 * a checkpoint path or alias (``<run>/<best>``, ``<run>/<last>``) resolves;
+* an output on an object store (``oss://``, ``s3://``) answers a stat, so an outage
+  fails the stage before any work (``RemoteIOError`` naming the URL and the stage);
 * an existing ``train.save_dir`` is an error unless ``overwrite`` (replace it),
   ``resume`` (continue it) or ``auto_suffix`` (pick ``<save_dir>-2``, ``-3``, ...)
   is set. Conflicting options are rejected when the config is validated
@@ -32,6 +34,13 @@ def _must_exist(section: str, key: str, path: str, what: str = "") -> None:
     if not io.exists(path):
         hint = f" ({what})" if what else ""
         raise FileNotFoundError(f"{section}.{key}: {path} not found{hint}")
+
+
+def _reachable(path: str) -> None:
+    """For an output on an object store: one (retried) stat, so a store that is down fails
+    the stage now, before any work, with ``RemoteIOError`` naming the URL and the stage."""
+    if io.is_remote(path):
+        io.exists(path)
 
 
 def run_markers_in(path: str) -> list[str]:
@@ -71,6 +80,7 @@ def check(section: str, cfg: Any) -> Any:
         CheckpointError: a checkpoint path/alias does not resolve to a complete checkpoint.
         FileExistsError: ``train.save_dir`` holds a run and neither ``overwrite``,
             ``resume`` nor ``auto_suffix`` is set.
+        RemoteIOError: an input or output on an object store did not answer (after retries).
     """
     if section == "prepro":
         _must_exist(section, "data_source", cfg.data_source)
@@ -79,6 +89,7 @@ def check(section: str, cfg: Any) -> Any:
         for key in ("vocab_file", "target_map_file", "tokenizer_path"):
             if getattr(cfg, key):
                 _must_exist(section, key, getattr(cfg, key))
+        _reachable(cfg.data_dir)
     elif section == "train":
         _must_exist(section, "data_dir", io.join(cfg.data_dir, "meta.json"), "run prepro first")
         if cfg.resume_from:
@@ -100,4 +111,11 @@ def check(section: str, cfg: Any) -> Any:
             _must_exist(section, "data_file", cfg.data_file)
         else:
             _must_exist(section, "data_dir", io.join(cfg.data_dir, "meta.json"), "run prepro first")
+        outputs = {
+            "evaluate": lambda: (cfg.metrics_file, cfg.confusion_png),
+            "predict": lambda: (cfg.out_file,),
+            "export": lambda: (cfg.out_dir,),
+        }[section]()
+        for path in outputs:
+            _reachable(path)
     return cfg
