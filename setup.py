@@ -1,10 +1,10 @@
-"""Build hook only (metadata lives in pyproject.toml): ship ``xdpx-aiooss2-fix.pth``.
+"""Build hook only (metadata lives in pyproject.toml): ship ``xdpx-patches.pth``.
 
-The ``.pth`` line runs ``xdpx.aiooss2_fix.install()`` at interpreter start so that a plain
+The ``.pth`` line runs ``xdpx.patches.install()`` at interpreter start so that a plain
 ``dvc push`` to an ``oss://`` remote works in any environment where xdpx is installed (aiooss2
-issue #96; see xdpx/aiooss2_fix.py for why a ``.pth`` file and what it patches). It lands at the
-root of the wheel (site-packages) for ``pip install .`` and in the editable wheel for
-``pip install -e .``; tests/test_aiooss2_fix.py builds both wheels and checks.
+issue #96, ossfs without retries; see xdpx/patches/__init__.py for why a ``.pth`` file). It
+lands at the root of the wheel (site-packages) for ``pip install .`` and in the editable wheel
+for ``pip install -e .``; tests/test_patches.py builds both wheels and checks.
 """
 
 from pathlib import Path
@@ -13,8 +13,8 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 from setuptools.command.editable_wheel import editable_wheel
 
-PTH_NAME = "xdpx-aiooss2-fix.pth"  # sorts after __editable__.*.pth, so xdpx is importable
-PTH_LINE = "import xdpx.aiooss2_fix; xdpx.aiooss2_fix.install()\n"
+PTH_NAME = "xdpx-patches.pth"  # sorts after __editable__.*.pth, so xdpx is importable
+PTH_LINE = "import xdpx.patches; xdpx.patches.install()\n"
 
 
 class BuildPyWithPth(build_py):

@@ -19,7 +19,8 @@ small loopback HTTP proxies in front of it:
 Both fronts share the fault mode: ``store.fail_rate = 0.2`` makes that fraction of requests fail
 transiently, drawn from a ``random.Random(seed)`` (same seed and request order => same faults),
 as an HTTP 503 with a proper error body or an abrupt TCP reset (``store.fault_kinds``);
-``store.down()`` closes both fronts so clients get "connection refused" until ``store.up()``.
+``store.fail_next(n, kind)`` fails exactly the next ``n`` requests; ``store.down()`` closes
+both fronts so clients get "connection refused" until ``store.up()``.
 ``store.stats`` counts requests and injected faults so tests can assert faults really happened.
 The helpers ``make_bucket``, ``keys`` and ``get_bytes`` talk to moto directly and are never
 faulted, so a test can inspect the store while clients are failing.
@@ -43,6 +44,7 @@ import random
 import re
 import socket
 import struct
+import sys
 import threading
 import time
 import uuid
@@ -152,6 +154,10 @@ class _Front(ThreadingHTTPServer):
             self.live.discard(request)
         super().shutdown_request(request)
 
+    def handle_error(self, request, client_address):  # noqa: D102 (socketserver API)
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)  # a client hanging up is no error
+
     def cut_connections(self) -> None:
         """Reset every open client connection (keep-alive pools must not outlive an outage)."""
         with self.live_lock:
@@ -219,8 +225,13 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if fault == "503":
             self.close_connection = True
-            err = _error_xml("ServiceUnavailable", "Injected transient fault (test store).", kind)
-            self._send(503, [("Content-Type", "application/xml"), ("Connection", "close")], err)
+            rid = uuid.uuid4().hex.upper()[:24]
+            err = _error_xml(
+                "ServiceUnavailable", "Injected transient fault (test store).", kind, rid
+            )
+            head = [("Content-Type", "application/xml"), ("Connection", "close")]
+            head.append(("x-oss-request-id" if kind == "oss" else "x-amz-request-id", rid))
+            self._send(503, head, err)
             return
         if kind == "oss":
             status, headers, out, length = _oss_exchange(store, self, body)
@@ -235,8 +246,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, headers, out, length)
 
 
-def _error_xml(code: str, message: str, kind: str) -> bytes:
-    rid = uuid.uuid4().hex.upper()[:24]
+def _error_xml(code: str, message: str, kind: str, rid: str | None = None) -> bytes:
+    rid = rid or uuid.uuid4().hex.upper()[:24]
     host = "<HostId>127.0.0.1</HostId>" if kind == "oss" else ""
     return (
         f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
@@ -446,6 +457,7 @@ class LocalObjectStore:
         self.stats = StoreStats()
         self._seed = seed
         self._rng = random.Random(seed)
+        self._forced: list[str] = []
         self._lock = threading.Lock()
         self._moto = None
         self._moto_port = 0
@@ -522,10 +534,12 @@ class LocalObjectStore:
 
     # faults
     def reset_faults(self) -> None:
-        """fail_rate 0, default fault kinds, the RNG back to its seed, counters zeroed, fronts up."""
+        """fail_rate 0, default kinds, no pending fail_next, RNG reseeded, counters zeroed, up."""
         self.fail_rate = 0.0
         self.fault_kinds = ("503", "reset")
         self._rng = random.Random(self._seed)
+        with self._lock:
+            self._forced.clear()
         self.reset_stats()
         self.up()
 
@@ -534,13 +548,27 @@ class LocalObjectStore:
         with self._lock:
             self.stats = StoreStats()
 
+    def fail_next(self, n: int = 1, kind: str = "reset") -> None:
+        """Fail the next ``n`` requests (either front) with ``kind``, before any rate draw.
+
+        Raises:
+            ValueError: for a kind not in FAULT_KINDS.
+        """
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"fault kind {kind!r} is not one of {FAULT_KINDS}")
+        with self._lock:
+            self._forced.extend([kind] * n)
+
     def _draw_fault(self, kind: str) -> str | None:
         with self._lock:
             self.stats.requests += 1
             self.stats.by_front[kind] += 1
-            if self.fail_rate <= 0 or self._rng.random() >= self.fail_rate:
+            if self._forced:
+                fault = self._forced.pop(0)
+            elif self.fail_rate <= 0 or self._rng.random() >= self.fail_rate:
                 return None
-            fault = self.fault_kinds[self._rng.randrange(len(self.fault_kinds))]
+            else:
+                fault = self.fault_kinds[self._rng.randrange(len(self.fault_kinds))]
             self.stats.injected[fault] += 1
             return fault
 

@@ -65,7 +65,7 @@ def base_env(store) -> dict:
     """No store credentials or endpoints: each test passes them the way its recipe says."""
     env = {k: v for k, v in os.environ.items() if k not in store.env()}
     env.update(
-        PYTHONPATH=str(ROOT),  # this checkout's xdpx (the .pth imports xdpx.aiooss2_fix)
+        PYTHONPATH=str(ROOT),  # this checkout's xdpx (the .pth imports xdpx.patches)
         DVC_NO_ANALYTICS="1",
         GIT_AUTHOR_NAME="t",
         GIT_AUTHOR_EMAIL="t@example.com",
@@ -125,6 +125,39 @@ def credential_env(protocol: str, store, env: dict) -> dict:
     return {**env, **{k: store.env()[k] for k in keys}}
 
 
+def remote_repo(protocol, store_bucket, artifacts, dvc, tmp_path):
+    """A committed repo with the README's remote recipe applied; returns (repo, env, local)."""
+    store = store_bucket.store
+    env = credential_env(protocol, store, base_env(store))
+    repo = tmp_path / "repo"
+    make_repo(repo, artifacts, dvc, env)
+    shared, local = remote_config(protocol, store, store_bucket.name)
+    for args in shared + local:
+        run(dvc + args, repo, env)
+    run(["git", "add", ".dvc/config"], repo, env)
+    run(["git", "commit", "-qm", "remote"], repo, env)
+    return repo, env, local
+
+
+def pull_into_clone(repo: Path, clone: Path, dvc, env, local) -> None:
+    """`git clone` + the --local credential lines (a clone has no config.local) + `dvc pull`."""
+    run(["git", "clone", "-q", str(repo), str(clone)], repo.parent, env)
+    assert not (clone / "data" / "prepared").exists()
+    for args in local:
+        run(dvc + args, clone, env)
+    run(dvc + ["pull"], clone, env)
+
+
+def remote_damage(store_bucket) -> list[str]:
+    """Keys of the DVC cache on the remote whose bytes do not hash to their name."""
+    bad = []
+    for key in store_bucket.keys("xdpx/files/md5/"):
+        name = key.split("/md5/")[1].replace("/", "").removesuffix(".dir")
+        if hashlib.md5(store_bucket.get_bytes(key)).hexdigest() != name:
+            bad.append(key)
+    return bad
+
+
 @pytest.mark.parametrize("protocol", ["oss", "s3"])
 def test_push_then_pull_into_fresh_clone_is_bit_identical(
     protocol, store_bucket, artifacts, xdpx_site_python, tmp_path
@@ -133,14 +166,7 @@ def test_push_then_pull_into_fresh_clone_is_bit_identical(
 
     store = store_bucket.store
     dvc = xdpx_site_python + ["-m", "dvc"]
-    env = credential_env(protocol, store, base_env(store))
-    repo, clone = tmp_path / "repo", tmp_path / "clone"
-    make_repo(repo, artifacts, dvc, env)
-    shared, local = remote_config(protocol, store, store_bucket.name)
-    for args in shared + local:
-        run(dvc + args, repo, env)
-    run(["git", "add", ".dvc/config"], repo, env)
-    run(["git", "commit", "-qm", "remote"], repo, env)
+    repo, env, local = remote_repo(protocol, store_bucket, artifacts, dvc, tmp_path)
 
     # the secret is in .dvc/config.local (git-ignored) or the env, never in what git tracks
     committed = run(["git", "log", "-p", "--all"], repo, env).stdout
@@ -163,12 +189,29 @@ def test_push_then_pull_into_fresh_clone_is_bit_identical(
     assert any(p.endswith("model.safetensors") for p in want)
     blobs = [k for k in store_bucket.keys("xdpx/") if not k.endswith(".dir")]
     assert len(blobs) == len(set(want.values())), pushed.stdout
+    assert remote_damage(store_bucket) == []
 
-    run(["git", "clone", "-q", str(repo), str(clone)], tmp_path, env)
-    assert not (clone / "data" / "prepared").exists()
-    for args in local:  # a fresh clone has no config.local: each user sets their own keys
-        run(dvc + args, clone, env)
-    run(dvc + ["pull"], clone, env)
+    clone = tmp_path / "clone"
+    pull_into_clone(repo, clone, dvc, env, local)
     assert digests(clone) == want
     status = run(dvc + ["status", "-c"], clone, env).stdout
     assert "up to date" in status.lower() or "in sync" in status.lower(), status
+
+
+@pytest.mark.parametrize("protocol", ["oss", "s3"])
+def test_push_and_pull_ride_out_20_percent_transient_faults(
+    protocol, store_bucket, artifacts, xdpx_site_python, tmp_path
+):
+    store = store_bucket.store
+    dvc = xdpx_site_python + ["-m", "dvc"]
+    repo, env, local = remote_repo(protocol, store_bucket, artifacts, dvc, tmp_path)
+    store.fail_rate = 0.2  # HTTP 503s and connection resets, on every request of push and pull
+    if protocol == "oss":  # without xdpx's ossfs retries one fault ends the whole push
+        broken = run(dvc + ["push"], repo, {**env, "XDPX_OSS_RETRY": "0"}, ok=False)
+        assert broken.returncode != 0, broken.stdout
+        assert remote_damage(store_bucket) == []  # what did land is whole
+    run(dvc + ["push"], repo, env)
+    assert remote_damage(store_bucket) == []
+    pull_into_clone(repo, tmp_path / "clone", dvc, env, local)
+    assert digests(tmp_path / "clone") == digests(repo)
+    assert store.stats.faults >= 10 and store.stats.injected["reset"] > 0

@@ -1,0 +1,221 @@
+"""xdpx/patches: the aiooss2 #96 fix, the ossfs retries, and the .pth hook that applies them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PTH_LINE = "import xdpx.patches; xdpx.patches.install()"
+PTH_NAME = "xdpx-patches.pth"
+
+# Builds the upload body the way aiohttp does for aiooss2 (PAYLOAD_REGISTRY -> AsyncPayload).
+PROBE = """
+import sys
+if sys.argv[1] == "install":
+    import xdpx.patches
+    xdpx.patches.install()
+assert "aiooss2" not in sys.modules and "ossfs" not in sys.modules, "hook imported a target"
+from aiohttp.payload import PAYLOAD_REGISTRY
+from aiooss2.adapter import SliceableAdapter
+try:
+    payload = PAYLOAD_REGISTRY.get(SliceableAdapter(b"abc"))
+except TypeError as exc:
+    print("BROKEN", exc)
+else:
+    import xdpx.patches.aiooss2_payload as fix
+    print("OK", type(payload).__name__, fix.needed(), fix.apply())
+"""
+
+
+def probe(*args: str, fix_env: str | None = None, prefix: list[str] | None = None) -> str:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("XDPX_AIOOSS2_FIX", None)
+    if fix_env is not None:
+        env["XDPX_AIOOSS2_FIX"] = fix_env
+    argv = (prefix or [sys.executable, "-c"]) + [PROBE, *args]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.strip()
+
+
+def test_upload_body_cannot_be_built_without_the_fix():
+    out = probe("install", fix_env="0")
+    assert out.startswith("BROKEN") and "abstract method decode" in out, (
+        f"{out!r}: aiooss2/aiohttp no longer show issue #96; if aiooss2 shipped PR #97, "
+        "delete xdpx/patches/aiooss2_payload.py, its HOOKS entry and these tests"
+    )
+
+
+def test_install_patches_on_import_and_apply_is_idempotent():
+    # needed() is False after the patch, and a second apply() has nothing left to do
+    assert probe("install") == "OK AsyncPayload False False"
+
+
+def test_plain_interpreter_of_the_installed_wheel_is_patched(xdpx_site):
+    """The .pth from the real wheel, processed by site, fixes a process that never imports xdpx."""
+    launch = "import site, sys; site.addsitedir(sys.argv.pop(1)); exec(sys.argv.pop(1))"
+    prefix = [sys.executable, "-c", launch, str(xdpx_site)]
+    assert probe("plain", prefix=prefix) == "OK AsyncPayload False False"
+    assert probe("plain", prefix=prefix, fix_env="0").startswith("BROKEN")
+
+
+def test_apply_patches_only_while_decode_is_abstract():
+    from aiohttp.payload import Payload
+
+    from xdpx.patches import aiooss2_payload as payload_fix
+
+    class Broken(Payload):  # aiooss2 <= 0.2.11 with aiohttp >= 3.10.6
+        async def write(self, writer):
+            pass
+
+    class Fixed(Broken):  # what aiooss2 looks like once both fixes are released
+        def decode(self, encoding="utf-8", errors="strict"):
+            return "fixed upstream"
+
+        async def write(self, writer):
+            self._consumed = True
+
+    assert payload_fix.apply(Fixed) is False and Fixed(b"x").decode() == "fixed upstream"
+    with pytest.raises(TypeError, match="abstract method decode"):
+        Broken(b"x")
+    assert payload_fix.needed(Broken) and payload_fix.apply(Broken) is True
+    assert not payload_fix.needed(Broken) and payload_fix.apply(Broken) is False
+    with pytest.raises(TypeError, match="Unable to decode"):
+        Broken(b"x").decode()
+
+
+def test_disable_env_turns_apply_into_a_no_op(monkeypatch):
+    from aiohttp.payload import Payload
+
+    from xdpx.patches import aiooss2_payload as payload_fix
+
+    class Broken(Payload):
+        async def write(self, writer):
+            pass
+
+    monkeypatch.setenv("XDPX_AIOOSS2_FIX", "0")
+    assert payload_fix.apply(Broken) is False and payload_fix.needed(Broken)
+
+
+@pytest.mark.parametrize("kind", ["wheel", "editable"])
+def test_both_wheels_install_the_pth_hook(xdpx_wheels, kind):
+    with zipfile.ZipFile(xdpx_wheels[kind]) as whl:
+        names = whl.namelist()
+        assert PTH_NAME in names  # wheel root = site-packages
+        assert whl.read(PTH_NAME).decode().strip() == PTH_LINE
+        record = whl.read(next(n for n in names if n.endswith(".dist-info/RECORD"))).decode()
+    assert f"{PTH_NAME}," in record  # so pip uninstall removes it
+    if kind == "editable":  # processed after the editable finder's .pth, so xdpx imports
+        assert sorted(n for n in names if n.endswith(".pth"))[-1] == PTH_NAME
+
+
+class ListWriter:
+    """Stands in for aiohttp's stream writer: collects what a payload writes."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+
+    async def write(self, chunk: bytes) -> None:
+        self.chunks.append(chunk)
+
+
+def test_patched_payload_streams_once_and_says_so():
+    import asyncio
+
+    from aiohttp.payload import PAYLOAD_REGISTRY
+    from aiooss2.adapter import SliceableAdapter
+
+    from xdpx.patches import aiooss2_payload as payload_fix
+
+    payload_fix.apply()
+    assert not payload_fix.needed()
+    payload = PAYLOAD_REGISTRY.get(SliceableAdapter(b"abc" * 1000))
+    assert not payload.consumed
+    writer = ListWriter()
+    asyncio.run(payload.write(writer))
+    assert b"".join(writer.chunks) == b"abc" * 1000
+    assert payload.consumed  # so aiohttp's internal retry never replays the drained adapter
+
+
+@pytest.mark.parametrize("fixed", [True, False], ids=["patched", "decode-fix-only"])
+def test_dropped_keepalive_upload_is_never_stored_empty(store_bucket, tmp_path, monkeypatch, fixed):
+    """A connection reset after the server read a PUT, on a reused keep-alive connection."""
+    import ossfs
+    from aiooss2.adapter import AsyncPayload
+
+    from xdpx.patches import aiooss2_payload, ossfs_retry
+
+    aiooss2_payload.apply()
+    ossfs_retry.apply()
+    if not fixed:  # what aiooss2 PR #97 alone gives: aiohttp replays the drained stream
+        monkeypatch.setattr(AsyncPayload, "write", AsyncPayload.write.__wrapped__)
+    store = store_bucket.store
+    fs = ossfs.AioOSSFileSystem(endpoint=store.oss_endpoint, skip_instance_cache=True)
+    src = tmp_path / "obj.bin"
+    src.write_bytes(os.urandom(50_000))
+    fs.pipe(f"{store_bucket.name}/warm", b"w")  # leaves a keep-alive connection in the pool
+    store.fail_next(1, "reset")
+    if fixed:
+        fs.put_file(str(src), f"{store_bucket.name}/obj.bin")
+        assert store_bucket.get_bytes("obj.bin") == src.read_bytes()
+    else:
+        with pytest.raises(OSError, match="CRC"):
+            fs.put_file(str(src), f"{store_bucket.name}/obj.bin")
+        assert store_bucket.get_bytes("obj.bin") == b""  # the silent damage fix 2 prevents
+    assert store.stats.injected["reset"] == 1
+
+
+def test_ossfs_retry_classifies_transient_errors():
+    import aiohttp
+    import oss2
+
+    from xdpx.patches.ossfs_retry import backoff, is_transient
+
+    def oss_error(cls, status):
+        return cls(status, {}, b"", {"Code": "X"})
+
+    def wrapped(err):  # ossfs re-raises oss2 errors as OSError from the original
+        try:
+            raise OSError(5, "oss error") from err
+        except OSError as exc:
+            return exc
+
+    assert is_transient(oss_error(oss2.exceptions.ServerError, 503))
+    assert is_transient(wrapped(oss_error(oss2.exceptions.ServerError, 500)))
+    assert is_transient(oss2.exceptions.RequestError(ConnectionResetError()))
+    assert is_transient(aiohttp.ServerDisconnectedError())
+    assert is_transient(ConnectionRefusedError())
+    assert not is_transient(oss_error(oss2.exceptions.NotFound, 404))
+    assert not is_transient(wrapped(oss_error(oss2.exceptions.AccessDenied, 403)))
+    assert not is_transient(FileNotFoundError("bucket/key"))
+    assert all(0.05 <= backoff(n) <= 2.0 for n in range(1, 12))
+
+
+def test_ossfs_retry_rides_out_faults_and_gives_up_on_outage(store_bucket, monkeypatch):
+    import ossfs
+
+    from xdpx.patches import ossfs_retry
+
+    ossfs_retry.apply()
+    assert ossfs_retry.apply() is False  # idempotent
+    store = store_bucket.store
+    fs = ossfs.AioOSSFileSystem(endpoint=store.oss_endpoint, skip_instance_cache=True)
+    root = store_bucket.name
+    store.fail_rate = 0.3
+    blobs = {f"{root}/d/{i}.bin": os.urandom(1000 + i) for i in range(12)}
+    for path, data in blobs.items():
+        fs.pipe(path, data)
+    assert sorted(fs.find(f"{root}/d")) == sorted(blobs)
+    assert all(fs.cat(path) == data for path, data in blobs.items())
+    assert store.stats.faults >= 5  # faults really happened and were ridden out
+    store.fail_rate = 0.0
+    monkeypatch.setenv("XDPX_OSS_RETRY_ATTEMPTS", "2")
+    store.down()
+    with pytest.raises(OSError):
+        fs.cat(f"{root}/d/0.bin")
