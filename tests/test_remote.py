@@ -461,6 +461,12 @@ def test_s3_train_outage_then_resume_equals_uninterrupted(remote, real_subset, t
         TrainConfig(data_dir=prepared, save_dir=f"{base}/straight", auto_suffix=True, max_update=2)
     )
     assert suffixed.save_dir == f"{base}/straight-2" and io.exists(f"{base}/straight-2/last")
+    io.write_text(f"{base}/straight-2/stale.txt", "from before")
+    train.run(
+        TrainConfig(data_dir=prepared, save_dir=f"{base}/straight-2", overwrite=True, max_update=1)
+    )
+    assert json.loads(io.read_text(f"{base}/straight-2/result.json"))["num_updates"] == 1
+    assert not io.exists(f"{base}/straight-2/stale.txt")  # overwrite replaced the whole run
 
     # the store goes down at update 8 (last/ was saved at update 6)
     from xdpx.trainer import Trainer

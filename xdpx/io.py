@@ -366,6 +366,7 @@ class _Settings:
 
 _LOCK = threading.Lock()
 _FILESYSTEMS: dict[tuple[str, str], fsspec.AbstractFileSystem] = {}
+_THREAD = threading.local()
 _SECRETS: set[str] = set()
 
 
@@ -497,12 +498,12 @@ def _remote_fs(protocol: str) -> fsspec.AbstractFileSystem:
     :func:`_call` clears before every attempt.
     """
     settings = _settings(protocol)
-    cache_key = (
-        protocol,
-        settings.fingerprint + (f"-{threading.get_ident()}" if protocol == "oss" else ""),
-    )
+    if protocol == "oss":  # one per thread (freed with it): ossfs's listing cache is not shared
+        cache = _THREAD.__dict__.setdefault("filesystems", {})
+    else:
+        cache = _FILESYSTEMS
     with _LOCK:
-        fs = _FILESYSTEMS.get(cache_key)
+        fs = cache.get((protocol, settings.fingerprint))
         if fs is None:
             _SECRETS.update(settings.secrets)
             cls = fsspec.get_filesystem_class(protocol)
@@ -511,7 +512,7 @@ def _remote_fs(protocol: str) -> fsspec.AbstractFileSystem:
                 fs.retries = 1  # s3fs's own retry loop; xdpx.io retries whole operations
             else:
                 fs = cls(**settings.options, skip_instance_cache=True)
-            _FILESYSTEMS[cache_key] = fs
+            cache[(protocol, settings.fingerprint)] = fs
     return fs
 
 
