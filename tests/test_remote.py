@@ -265,8 +265,9 @@ def test_remote_file_ops_and_atomic_writes(remote, protocol):
     assert not io.exists(base) and remote.keys() == []
 
 
-def test_faults_are_retried_and_an_outage_is_reported(remote, monkeypatch):
-    store, base = remote.store, f"oss://{remote.name}/faults"
+@pytest.mark.parametrize("protocol", ["oss", "s3"])
+def test_faults_are_retried_and_an_outage_is_reported(remote, monkeypatch, protocol):
+    store, base = remote.store, f"{protocol}://{remote.name}/faults"
     monkeypatch.setenv("XDPX_IO_RETRIES", "12")
     store.fail_rate = 0.3
     store.fault_kinds = ("503", "reset", "reset_after")  # reset_after: done, answer lost

@@ -28,7 +28,7 @@ are switched off so the bounds below are the only ones; knobs (environment):
 ``XDPX_IO_BACKOFF``        0.5      seconds; retry k sleeps U(0, min(MAX, B * 2**(k-1)))
 ``XDPX_IO_BACKOFF_MAX``    20       seconds, cap of one sleep
 ``XDPX_IO_DEADLINE``       300      seconds after which no new attempt starts
-``XDPX_IO_TIMEOUT``        60       seconds, connect and read timeout of one request
+``XDPX_IO_TIMEOUT``        60       seconds, connect/read timeout of one S3 request (OSS: oss2's 60)
 =========================  =======  ==================================================
 
 (The backoff is "full jitter" from the AWS Architecture Blog, *Exponential Backoff And
@@ -150,7 +150,7 @@ class RetryPolicy:
         backoff: base of the exponential backoff (seconds).
         backoff_max: cap of one sleep (seconds).
         deadline: no attempt starts later than this after the first one (seconds).
-        timeout: connect/read timeout of one request (seconds), given to the clients.
+        timeout: connect/read timeout of one S3 request (seconds), given to botocore.
     """
 
     retries: int = 5
@@ -425,7 +425,9 @@ def _ossutil_profile() -> dict[str, str]:
 
 def _oss_settings() -> tuple[dict[str, Any], tuple[str, ...]]:
     env = os.environ
-    profile = _ossutil_profile()
+    complete = env.get("OSS_ACCESS_KEY_ID") and env.get("OSS_ACCESS_KEY_SECRET")
+    complete = complete and (env.get("OSS_ENDPOINT") or env.get("OSS_REGION"))
+    profile = {} if complete else _ossutil_profile()  # the environment wins, value by value
     key = env.get("OSS_ACCESS_KEY_ID") or profile.get("accesskeyid")
     secret = env.get("OSS_ACCESS_KEY_SECRET") or profile.get("accesskeysecret")
     token = (
