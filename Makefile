@@ -9,7 +9,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90
 
 .PHONY: install demo flow test lint bench clean
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml setup.py
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# the CPU build first: a plain `torch` requirement would pull several GB of CUDA wheels

@@ -14,7 +14,7 @@ from setuptools.command.build_py import build_py
 from setuptools.command.editable_wheel import editable_wheel
 
 PTH_NAME = "xdpx-patches.pth"  # sorts after __editable__.*.pth, so xdpx is importable
-PTH_LINE = "import xdpx.patches; xdpx.patches.install()\n"
+PTH_LINE = "import xdpx.patches; xdpx.patches.install(forget=True)\n"
 
 
 class BuildPyWithPth(build_py):

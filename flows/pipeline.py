@@ -4,24 +4,92 @@ Each task calls the same ``stages.<name>.run`` function that ``dvc repro``
 runs, so the two orchestrators cannot drift. Task results are persisted
 (``persist_result=True``) so retries and the Prefect UI can show them.
 
+Failures and retries:
+
+* every task run is named after its stage; a failing stage raises
+  :class:`StageError`, whose one-line message (``stage 'train' failed:
+  RemoteIOError: ...``) is what the Prefect UI shows as the task run's and the
+  flow run's state message;
+* a stage is retried only when it failed with :class:`xdpx.errors.RemoteIOError`
+  (a remote store still failing after ``xdpx.io``'s own retries), once per entry
+  of ``io_retry_delays`` (default: after 10 s, then after 60 s). Bad input (config,
+  missing files, bad data, divergence) fails at once and is never retried;
+* a retried ``train`` whose ``save_dir`` was free before its first attempt
+  replaces the partial run of that attempt (``overwrite``) instead of stopping
+  at the pre-flight "save_dir holds a run" check.
+
 Run locally on Prefect's embedded (ephemeral) server, nothing to start::
 
     python -m flows.pipeline                              # params.yaml
     python -m flows.pipeline fetch.limit=2000 train.max_epoch=2
+
+Scheduled runs on work pools: see ``prefect.yaml`` and the README
+("Scheduling with Prefect").
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.runtime import task_run as current_task_run
 
-from xdpx.config import Params, load_params
+from xdpx import preflight
+from xdpx.config import ConfigError, Params, load_params
+from xdpx.errors import RemoteIOError
+
+__all__ = ["STAGES", "STAGE_TASKS", "IO_RETRY_DELAYS", "StageError", "xdpx_pipeline", "main"]
 
 # DAG order; each name is a params.yaml section and a module stages/<name>.py.
 STAGES = ("fetch", "prepro", "train", "evaluate", "predict", "export")
+
+#: Default seconds to wait before each retry of a stage that failed with RemoteIOError
+#: (xdpx.io has already retried with backoff by then: these cover a longer store outage).
+IO_RETRY_DELAYS: tuple[float, ...] = (10.0, 60.0)
+
+
+class StageError(RuntimeError):
+    """A stage of the flow failed; raised from the original error (``__cause__``).
+
+    The message is one line, ``stage '<name>' failed: <ErrorType>: <first line of the
+    error>``, so the Prefect UI's state message names the stage and the error.
+
+    Attributes:
+        stage: the stage name (``STAGES``).
+        retryable: True when the cause is a :class:`~xdpx.errors.RemoteIOError`.
+    """
+
+    def __init__(self, message: str, *, stage: str = "", retryable: bool = False) -> None:
+        # Only ``message`` goes to ``args``: pickling (Prefect persists failed results) re-creates
+        # the object with cls(message) and then restores ``stage``/``retryable`` from __dict__.
+        super().__init__(message)
+        self.stage = stage
+        self.retryable = retryable
+
+    @classmethod
+    def wrap(cls, stage: str, error: BaseException) -> StageError:
+        """The StageError for ``error`` raised by stage ``stage`` (only the first message line)."""
+        lines = str(error).strip().splitlines()
+        detail = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+        return cls(
+            f"stage {stage!r} failed: {detail}",
+            stage=stage,
+            retryable=isinstance(error, RemoteIOError),
+        )
+
+
+def _retry_on_remote_io(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect ``retry_condition_fn``: retry a failed stage only for remote IO errors.
+
+    Returns:
+        True when the task failed with a :class:`StageError` whose cause is a
+        :class:`~xdpx.errors.RemoteIOError`; False for anything else (bad input).
+    """
+    error = state.result(raise_on_failure=False)
+    return isinstance(error, StageError) and error.retryable
 
 
 def _result_dict(result: Any) -> dict:
@@ -30,15 +98,51 @@ def _result_dict(result: Any) -> dict:
     return dict(vars(result))
 
 
+# task run id -> whether train.save_dir held no run before that task's first attempt.
+_FRESH_SAVE_DIR: dict[str, bool] = {}
+
+
+def _train_config_for_attempt(cfg: Any) -> Any:
+    """The train config of this attempt: on a retry, replace what the failed attempt left.
+
+    The first attempt passed the pre-flight check, so with none of ``overwrite``,
+    ``resume``, ``auto_suffix`` set and a save_dir that held no run before it, any run
+    found there now is the failed attempt's own partial output.
+    """
+    if cfg.overwrite or cfg.resume or cfg.resume_from or cfg.auto_suffix:
+        return cfg
+    key = str(current_task_run.get_id())
+    if key not in _FRESH_SAVE_DIR:  # before the first attempt that got this far
+        _FRESH_SAVE_DIR[key] = not preflight.run_markers_in(cfg.save_dir)
+        return cfg
+    if current_task_run.get_run_count() > 1 and _FRESH_SAVE_DIR[key]:
+        get_run_logger().warning(
+            "train retry: replacing the partial run of the failed attempt in %s", cfg.save_dir
+        )
+        return cfg.model_copy(update={"overwrite": True})
+    return cfg
+
+
 def _stage_task(name: str):
     # Persisted results (retries, UI); no input-based cache: every stage gets the same Params
     # object and the real state lives in files, which DVC (not Prefect) tracks.
-    @task(name=name, persist_result=True, cache_policy=NO_CACHE, task_run_name=name)
+    @task(
+        name=name,
+        task_run_name=name,
+        persist_result=True,
+        cache_policy=NO_CACHE,
+        retries=len(IO_RETRY_DELAYS),
+        retry_delay_seconds=list(IO_RETRY_DELAYS),
+        retry_condition_fn=_retry_on_remote_io,
+    )
     def run_stage(params: Params) -> dict:
-        import importlib
-
-        module = importlib.import_module(f"stages.{name}")
-        result = module.run(getattr(params, name))
+        cfg = getattr(params, name)
+        try:
+            if name == "train":
+                cfg = _train_config_for_attempt(cfg)
+            result = importlib.import_module(f"stages.{name}").run(cfg)
+        except Exception as e:
+            raise StageError.wrap(name, e) from e
         get_run_logger().info("%s done: %s", name, _result_dict(result))
         return _result_dict(result)
 
@@ -50,30 +154,51 @@ STAGE_TASKS = {name: _stage_task(name) for name in STAGES}
 
 @flow(name="xdpx-pipeline", log_prints=True)
 def xdpx_pipeline(
-    params: str = "params.yaml", overrides: list[str] | None = None
+    params: str = "params.yaml",
+    overrides: list[str] | None = None,
+    io_retry_delays: tuple[float, ...] = IO_RETRY_DELAYS,
 ) -> dict[str, dict]:
     """Run every stage in DAG order with ``params`` plus ``section.key=value`` overrides.
+
+    Args:
+        params: params file (relative to the working directory, or an fsspec URL).
+        overrides: ``section.key=value`` strings applied after the file.
+        io_retry_delays: seconds to wait before each retry of a stage that failed with
+            RemoteIOError (one retry per entry; empty: no retries).
 
     Returns:
         stage name -> that stage's result as a dict.
 
     Raises:
         xdpx.config.ConfigError: bad params or overrides (before any stage runs).
+        StageError: a stage failed (after its retries, for remote IO errors).
     """
     cfg = load_params(params, overrides or [])
+    delays = [float(d) for d in io_retry_delays]
     results: dict[str, dict] = {}
     for name in STAGES:
-        results[name] = STAGE_TASKS[name](cfg)
+        stage_task = STAGE_TASKS[name].with_options(
+            retries=len(delays), retry_delay_seconds=delays or 0
+        )
+        results[name] = stage_task(cfg)
     return results
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m flows.pipeline [--params params.yaml] [section.key=value ...]``."""
+    """``python -m flows.pipeline [--params params.yaml] [section.key=value ...]``.
+
+    Exits with status 2 and a one-line ``error: ...`` when the config is bad or a
+    stage fails (the Prefect logs hold the traceback).
+    """
     argv = sys.argv[1:] if argv is None else argv
     params = "params.yaml"
     if argv[:1] in (["--params"], ["-p"]):
         params, argv = argv[1], argv[2:]
-    results = xdpx_pipeline(params=params, overrides=list(argv))
+    try:
+        results = xdpx_pipeline(params=params, overrides=list(argv))
+    except (ConfigError, StageError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     metrics = results["evaluate"]["metrics"]
     print({split: {k: round(v, 4) for k, v in m.items()} for split, m in metrics.items()})
 

@@ -19,7 +19,7 @@ from xdpx import io, preflight
 from xdpx.checkpoint import load_checkpoint
 from xdpx.config import EvaluateConfig
 from xdpx.data import load_split
-from xdpx.inference import predict_probs
+from xdpx.inference import as_samples, predict_probs
 from xdpx.metrics import METRIC_DIRECTIONS, classification_metrics, confusion_matrix
 from xdpx.stage import stage_main
 from xdpx.viz import confusion_figure, save_figure, valid_curve_figure
@@ -57,7 +57,8 @@ def run(cfg: EvaluateConfig) -> EvaluateResult:
     cm = None
     for split in cfg.splits:
         data = load_split(cfg.data_dir, split)
-        probs = predict_probs(ckpt.model, data.input_ids, cfg.batch_size, pad_id)
+        samples = as_samples(data.input_ids, data.input_ids2)
+        probs = predict_probs(ckpt.model, samples, cfg.batch_size, pad_id)
         metrics[split] = classification_metrics(data.labels, probs)
         cm = confusion_matrix(data.labels, probs.argmax(1), labels=list(range(len(ckpt_labels))))
         log.info("%s: %s", split, {k: round(v, 4) for k, v in metrics[split].items()})

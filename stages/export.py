@@ -3,7 +3,8 @@
 Procedure for an :class:`~xdpx.config.ExportConfig`:
 
 1. load ``checkpoint`` (``<run>/<best>`` / ``<run>/<last>`` aliases allowed);
-2. take the first ``num_samples`` sequences of split ``split`` of ``data_dir``;
+2. take the first ``num_samples`` samples of split ``split`` of ``data_dir``
+   (pairs: ``(input_ids, input_ids2)``, exported as two graph inputs);
 3. export the model (opset ``opset``, dynamic batch and sequence axes) to a
    local staging file and validate it with ``onnx.checker``;
 4. compare onnxruntime logits with eager PyTorch logits on batches of mixed
@@ -46,15 +47,16 @@ from xdpx.checkpoint import ASSETS, load_checkpoint
 from xdpx.config import ExportConfig
 from xdpx.data import load_split
 from xdpx.export import (
-    DYNAMIC_AXES,
-    INPUT_NAME,
     OUTPUT_NAME,
     ExportParityError,
     build_example,
     check_parity,
+    dynamic_axes,
     export_onnx,
     measure_latency,
 )
+from xdpx.inference import Sample, as_samples
+from xdpx.models import input_names
 from xdpx.stage import stage_main
 
 __all__ = ["ExportResult", "load_samples", "run", "main"]
@@ -84,8 +86,8 @@ class ExportResult(BaseModel):
     latency: dict[str, Any] = Field(description="Median ms per batch, eager vs onnxruntime.")
 
 
-def load_samples(data_dir: str, split: str, limit: int) -> list[np.ndarray]:
-    """The first ``limit`` token id sequences of a prepared split.
+def load_samples(data_dir: str, split: str, limit: int) -> list[Sample]:
+    """The first ``limit`` samples of a prepared split (pairs: ``(input_ids, input_ids2)``).
 
     Args:
         data_dir: prepared data directory (local path or fsspec URL).
@@ -93,14 +95,16 @@ def load_samples(data_dir: str, split: str, limit: int) -> list[np.ndarray]:
         limit: number of sequences wanted (fewer are returned if the split is smaller).
 
     Returns:
-        Up to ``limit`` int64 arrays, in split order.
+        Up to ``limit`` int64 arrays (tuples of two for separately encoded pairs), in
+        split order.
 
     Raises:
         FileNotFoundError: the split does not exist.
         ValueError: the split is empty.
     """
     data = load_split(data_dir, split)
-    seqs = [np.asarray(s, dtype=np.int64) for s in data.input_ids[:limit]]
+    ids2 = None if data.input_ids2 is None else data.input_ids2[:limit]
+    seqs = as_samples(data.input_ids[:limit], ids2)
     if not seqs:
         raise ValueError(f"split {split!r} of {data_dir} has no samples to check parity on")
     return seqs
@@ -190,9 +194,12 @@ def run(cfg: ExportConfig) -> ExportResult:
         "model": ckpt.name,
         "num_labels": num_labels,
         "opset": cfg.opset,
-        "input_names": [INPUT_NAME],
+        "input_names": list(input_names(model)),
         "output_names": [OUTPUT_NAME],
-        "dynamic_axes": {k: {str(a): n for a, n in v.items()} for k, v in DYNAMIC_AXES.items()},
+        "dynamic_axes": {
+            k: {str(a): n for a, n in v.items()}
+            for k, v in dynamic_axes(input_names(model)).items()
+        },
         "input_dtype": "int64",
         "pad_id": pad_id,
         "min_len": min_len,

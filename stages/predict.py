@@ -17,7 +17,7 @@ from xdpx import io, preflight
 from xdpx.checkpoint import load_checkpoint
 from xdpx.config import PredictConfig, PreproConfig
 from xdpx.data import DataError, Encoder, read_examples
-from xdpx.inference import format_probs, predict_probs
+from xdpx.inference import as_samples, format_probs, predict_probs
 from xdpx.stage import stage_main
 
 log = logging.getLogger("xdpx.predict")
@@ -49,7 +49,7 @@ def run(cfg: PredictConfig) -> PredictResult:
     data = read_examples(cfg.data_file, prepro, require_label=False)
     if len(data.texts) == 0:
         raise DataError(f"{cfg.data_file}: no rows to predict")
-    seqs = encoder.encode(data.texts, data.texts2)
+    seqs = as_samples(*encoder.encode_inputs(data.texts, data.texts2))  # pairs: both texts
     probs = predict_probs(ckpt.model, seqs, cfg.batch_size, encoder.pad_id)
     labels = encoder.labels
     columns = (

@@ -199,6 +199,7 @@ def run(cfg: PreproConfig) -> PreproResult:
             "labels": encoder.labels,
             "pad_id": encoder.pad_id,
             "unk_id": encoder.unk_id,
+            "sep_id": getattr(encoder.tokenizer, "sep_id", None),
             "pair": encoder.pair_encoding == "separate",
             "pair_encoding": encoder.pair_encoding,
             "splits": splits_meta,

@@ -13,6 +13,7 @@ import os
 import platform
 import subprocess
 import sys
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -21,9 +22,10 @@ from xdpx import io, preflight
 from xdpx.checkpoint import CheckpointError, find_resumable, resolve_checkpoint
 from xdpx.config import TrainConfig, dump_yaml, non_defaults
 from xdpx.data import load_split
+from xdpx.inference import as_samples
 from xdpx.models import build_model, model_config_from
 from xdpx.stage import stage_main
-from xdpx.trainer import Trainer, TrainResult
+from xdpx.trainer import EvalEvent, Trainer, TrainResult
 
 log = logging.getLogger("xdpx.train")
 
@@ -103,9 +105,29 @@ def _resume_path(cfg: TrainConfig) -> str | None:
     return path
 
 
+def _report_loading(cfg: TrainConfig, info: dict[str, list[str]] | None) -> None:
+    """Log and save which pretrained weights were missing/unexpected (FAQ: eval mismatches)."""
+    if not info:
+        return
+    io.write_text(io.join(cfg.save_dir, "loading_info.json"), json.dumps(info, indent=2))
+    for kind, what in (
+        ("missing_keys", "newly initialised (not in the checkpoint)"),
+        ("unexpected_keys", "in the checkpoint but unused"),
+        ("mismatched_keys", "shape mismatch, re-initialised"),
+    ):
+        keys = info.get(kind) or []
+        if keys:
+            shown = ", ".join(keys[:8]) + (f", ... ({len(keys)} in all)" if len(keys) > 8 else "")
+            log.warning("pretrained_model %s: %s %s: %s", cfg.pretrained_model, kind, what, shown)
+
+
 @io.stage("train")
-def run(cfg: TrainConfig) -> TrainResult:
+def run(cfg: TrainConfig, on_eval: Callable[[EvalEvent], None] | None = None) -> TrainResult:
     """Train one model; see the module docstring for the outputs.
+
+    ``on_eval`` is passed to the ``Trainer``: called with an ``EvalEvent``
+    after each dev evaluation; raising ``xdpx.trainer.StopTraining`` there
+    ends the run like an early stop (``xdpx tune`` prunes trials this way).
 
     Under torchrun (``WORLD_SIZE`` > 1) every process calls this: the process
     group is created here (gloo on CPU, NCCL on CUDA), rank 0 prepares the run
@@ -123,13 +145,20 @@ def run(cfg: TrainConfig) -> TrainResult:
     previous = preflight.run_markers_in(cfg.save_dir)
     distributed = _init_distributed(cfg)
     try:
-        return _train(cfg, resume_path, wipe=bool(previous) and resume_path is None)
+        return _train(
+            cfg, resume_path, wipe=bool(previous) and resume_path is None, on_eval=on_eval
+        )
     finally:
         if distributed:
             dist.destroy_process_group()
 
 
-def _train(cfg: TrainConfig, resume_path: str | None, wipe: bool) -> TrainResult:
+def _train(
+    cfg: TrainConfig,
+    resume_path: str | None,
+    wipe: bool,
+    on_eval: Callable[[EvalEvent], None] | None = None,
+) -> TrainResult:
     rank = dist.get_rank() if dist.is_initialized() else 0
     meta = json.loads(io.read_text(io.join(cfg.data_dir, "meta.json")))
     if cfg.threads:
@@ -141,14 +170,17 @@ def _train(cfg: TrainConfig, resume_path: str | None, wipe: bool) -> TrainResult
         log.warning("no %r split in %s: no evaluation, best = last", cfg.valid_subset, cfg.data_dir)
     torch.manual_seed(cfg.seed)  # parameter init by seed (FAQ)
     model_config = model_config_from(
-        cfg.model, cfg, meta["vocab_size"], meta["num_labels"], meta.get("pad_id", 0)
+        cfg.model, cfg, meta["vocab_size"], meta["num_labels"], meta.get("pad_id", 0), meta
     )
     model = build_model(cfg.model, model_config)
+    if hasattr(model, "saved_config"):  # hf_classifier: config.json rebuilds it without the hub
+        model_config = model.saved_config()
     if rank == 0:
         if wipe:
             io.rm(cfg.save_dir, recursive=True)
         io.makedirs(cfg.save_dir)
         write_bundle(cfg, meta, resumed_from=resume_path)
+        _report_loading(cfg, getattr(model, "loading_info", None))
     if dist.is_initialized():
         dist.barrier()  # the run directory is ready before any rank writes to it
     n_params = sum(p.numel() for p in model.parameters())
@@ -162,14 +194,15 @@ def _train(cfg: TrainConfig, resume_path: str | None, wipe: bool) -> TrainResult
     trainer = Trainer(
         model,
         cfg,
-        train.input_ids,
+        as_samples(train.input_ids, train.input_ids2),  # (input_ids, input_ids2) pairs
         train.labels,
-        valid.input_ids if valid else None,
+        as_samples(valid.input_ids, valid.input_ids2) if valid else None,
         valid.labels if valid else None,
         model_name=cfg.model,
         model_config=model_config,
         assets_dir=cfg.data_dir,
         pad_id=meta.get("pad_id", 0),
+        on_eval=on_eval,
     )
     if resume_path is not None:
         trainer.resume(resume_path)

@@ -61,3 +61,108 @@ def test_flow_rejects_bad_override_before_running(prefect_server, tmp_path, monk
     with pytest.raises(ConfigError, match="did you mean 'learning_rate'"):
         xdpx_pipeline(params="params.yaml", overrides=["train.lerning_rate=1"])
     assert not (tmp_path / "data").exists()
+
+
+# Small and quick: 600 real reviews, hashed n-grams in 2^16 buckets, one epoch.
+SMALL = [
+    "fetch.limit=600",
+    "prepro.max_len=64",
+    "train.ngram_buckets=65536",
+    "train.max_epoch=1",
+    "export.num_samples=16",
+]
+
+
+def _task_runs(flow_state) -> dict:
+    """Task runs of the flow run behind ``flow_state``, by name, read back from the API."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(
+                id=FlowRunFilterId(any_=[flow_state.state_details.flow_run_id])
+            )
+        )
+    return {run.name: run for run in runs}
+
+
+def test_remote_io_error_is_retried(prefect_server, tmp_path, monkeypatch):
+    """train fails once with RemoteIOError after writing its run dir; the retry replaces it."""
+    import stages.train
+    from flows.pipeline import STAGES, xdpx_pipeline
+    from xdpx.errors import RemoteIOError
+
+    real_run, calls = stages.train.run, []
+
+    def train_upload_fails_once(cfg):
+        calls.append(cfg)
+        result = real_run(cfg)
+        if len(calls) == 1:
+            raise RemoteIOError("put oss://bucket/models/default/best: connection reset")
+        return result
+
+    monkeypatch.setattr(stages.train, "run", train_upload_fails_once)
+    monkeypatch.chdir(tmp_path)
+    state = xdpx_pipeline(
+        params="params.yaml", overrides=SMALL, io_retry_delays=(0, 0), return_state=True
+    )
+    assert state.is_completed(), state.message
+    assert len(calls) == 2
+    assert (calls[0].overwrite, calls[1].overwrite) == (False, True)  # replaces its own partial run
+    runs = _task_runs(state)
+    assert sorted(runs) == sorted(STAGES)
+    assert runs["train"].run_count == 2 and runs["train"].state.is_completed()
+    assert runs["fetch"].run_count == 1
+    assert (tmp_path / "models/default/best/model.safetensors").exists()
+    assert json.loads((tmp_path / "reports/metrics.json").read_text())["test"]["accuracy"] > 0
+
+
+def test_remote_io_error_fails_after_retries_naming_stage(prefect_server, tmp_path, monkeypatch):
+    import stages.fetch
+    from flows.pipeline import StageError, xdpx_pipeline
+    from xdpx.errors import RemoteIOError
+
+    calls = []
+
+    def store_down(cfg):
+        calls.append(cfg)
+        raise RemoteIOError("put oss://bucket/raw/train.tsv: 503 Service Unavailable\n(details)")
+
+    monkeypatch.setattr(stages.fetch, "run", store_down)
+    monkeypatch.chdir(tmp_path)
+    state = xdpx_pipeline(
+        params="params.yaml", overrides=SMALL, io_retry_delays=(0, 0), return_state=True
+    )
+    assert state.is_failed() and len(calls) == 3  # first attempt + one retry per delay
+    expected = "stage 'fetch' failed: RemoteIOError: put oss://bucket/raw/train.tsv: 503 Service Unavailable"
+    fetch = _task_runs(state)["fetch"]
+    assert fetch.run_count == 3 and fetch.state.is_failed()
+    assert fetch.state.message.endswith(expected)  # what the UI shows: one line, stage + error
+    assert expected in state.message
+    with pytest.raises(StageError, match="stage 'fetch' failed: RemoteIOError"):
+        state.result()
+
+
+def test_bad_input_is_not_retried_and_names_stage(prefect_server, tmp_path, monkeypatch):
+    from flows.pipeline import StageError, xdpx_pipeline
+
+    monkeypatch.chdir(tmp_path)
+    state = xdpx_pipeline(
+        params="params.yaml",
+        overrides=["fetch.limit=200", "prepro.data_source=no/such/dir"],
+        io_retry_delays=(0, 0),
+        return_state=True,
+    )
+    assert state.is_failed()
+    runs = _task_runs(state)
+    assert runs["fetch"].state.is_completed()
+    assert runs["prepro"].run_count == 1  # bad input: never retried
+    assert runs["prepro"].state.message.endswith(
+        "stage 'prepro' failed: FileNotFoundError: prepro.data_source: no/such/dir not found"
+    )
+    assert "train" not in runs and not (tmp_path / "data/prepared").exists()
+    with pytest.raises(StageError) as info:
+        state.result()
+    assert (info.value.stage, info.value.retryable) == ("prepro", False)
+    assert isinstance(info.value.__cause__, FileNotFoundError)

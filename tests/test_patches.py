@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PTH_LINE = "import xdpx.patches; xdpx.patches.install()"
+PTH_LINE = "import xdpx.patches; xdpx.patches.install(forget=True)"
 PTH_NAME = "xdpx-patches.pth"
 
 # Builds the upload body the way aiohttp does for aiooss2 (PAYLOAD_REGISTRY -> AsyncPayload).
@@ -219,3 +219,15 @@ def test_ossfs_retry_rides_out_faults_and_gives_up_on_outage(store_bucket, monke
     store.down()
     with pytest.raises(OSError):
         fs.cat(f"{root}/d/0.bin")
+
+
+def test_pth_line_leaves_xdpx_to_be_imported_from_sys_path(tmp_path):
+    """After the .pth line, a checkout earlier on sys.path still provides ``xdpx``."""
+    fake = tmp_path / "checkout" / "xdpx"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("WHERE = 'checkout'\n")
+    code = f"{PTH_LINE}; import sys; sys.path.insert(0, {str(fake.parent)!r}); import xdpx; print(xdpx.WHERE)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
+    ).stdout.strip()
+    assert out == "checkout"

@@ -230,10 +230,10 @@ def test_url_with_credentials_is_refused_without_echoing_them():
 @pytest.fixture
 def remote(store_bucket, monkeypatch, tmp_path_factory):
     """A fresh bucket of the local object store (tests/objstore.py), its credentials in the
-    environment, fast retries and a private ``XDPX_CACHE_DIR`` (local staging)."""
+    environment, fast retries and a private ``XDPX_CACHE`` (local staging)."""
     for name, value in FAST_RETRIES.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setenv("XDPX_CACHE_DIR", str(tmp_path_factory.mktemp("xdpx-cache")))
+    monkeypatch.setenv("XDPX_CACHE", str(tmp_path_factory.mktemp("xdpx-cache")))
     return store_bucket
 
 
@@ -417,7 +417,7 @@ def test_oss_chain_matches_local_and_writes_no_secret(
     io.download_dir(base, str(tmp_path / "remote"))
     out, err = capfd.readouterr()
     checked = assert_no_secret(
-        [tmp_path / "remote", Path(os.environ["XDPX_CACHE_DIR"])],
+        [tmp_path / "remote", Path(os.environ["XDPX_CACHE"])],
         caplog.text,
         out,
         err,

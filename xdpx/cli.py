@@ -5,7 +5,8 @@ config file (default: the matching section of params.yaml) plus
 ``key=value`` overrides, exactly like ``python -m stages.<name>``; see
 ``xdpx.stage.stage_main``. The others: ``viz`` (learning curves), ``io``
 (files on any filesystem), ``script`` (result scripts), ``serve`` (a REPL
-over a trained model) and ``doctor`` (environment, config and data checks).
+over a trained model), ``doctor`` (environment, config and data checks) and
+``tune`` (Optuna search with a Hyperband pruner, ``xdpx.tune``).
 """
 
 from __future__ import annotations
@@ -361,6 +362,71 @@ def doctor(
     for c in checks:
         typer.echo(c.line())
     raise typer.Exit(1 if any(c.status == "fail" for c in checks) else 0)
+
+
+# ------------------------------------------------------------------ tune
+@app.command("tune")
+def tune(
+    space: str = typer.Argument(..., metavar="SPACE.yaml", help="Tune file: search space + study settings (see xdpx/tune.py)."),
+    overrides: list[str] = typer.Argument(None, metavar="[SECTION.KEY=VALUE]...", help="Fixed for every trial (added to the file's overrides)."),
+    n_trials: int = typer.Option(None, "--n-trials", "-n", min=1, help="Trials to run now (a resumed study adds them)."),
+    study: str = typer.Option(None, "--study", "-s", help="Study name (default: the file's `study`, else its stem)."),
+    storage: str = typer.Option(None, "--storage", help="Optuna RDB URL, e.g. postgresql://user@host/db (default: SQLite in OUT_DIR/STUDY/study.db)."),
+    params: str = typer.Option(None, "--params", "-p", help="Base params file (default: the file's `params`, else params.yaml)."),
+    out_dir: str = typer.Option(None, "--out-dir", "-o", help="Tables and plots go to OUT_DIR/STUDY/ (default reports/tune)."),
+    save_root: str = typer.Option(None, "--save-root", help="Trials train into SAVE_ROOT/STUDY/trial-N (default models/tune)."),
+    seed: int = typer.Option(None, "--seed", help="TPE sampler seed; give each machine of a shared study its own."),
+) -> None:  # fmt: skip
+    """Hyper-parameter search (XDPX's x-tune): Optuna TPE + Hyperband pruning on dev scores.
+
+    Every trial trains with the base params + fixed overrides + sampled values;
+    after each dev evaluation its score is reported, and Hyperband stops the
+    weak trials (state PRUNED). Running the same command again with the same
+    storage and study continues the study (trial numbers go on); run it on
+    several machines with one `--storage postgresql://...` to share the trials.
+    Writes OUT_DIR/STUDY/{trials.tsv, best_params.yaml, history.png, intermediate.png}.
+
+    A tune file (YAML, keys as in XDPX's space.hjson):
+
+    `space: {train.learning_rate: {type: float, values: [1.0e-4, 1.0e-1], log: true}, train.batch_size: {type: int, values: [32, 128], step: 32}, train.lr_scheduler: {type: categorical, values: [linear, cosine]}}`
+
+    **Examples:**
+
+    `xdpx tune tune/space-ngram.yaml`
+
+    `xdpx tune tune/space-ngram.yaml -n 4 train.max_epoch=1`
+
+    `xdpx tune space.yaml --study lr --storage postgresql://xdpx@db-host/optuna --seed 2`
+    """
+    import logging
+
+    from xdpx import tune as tune_mod
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    with _user_errors():
+        cfg = tune_mod.load_tune_config(
+            space,
+            list(overrides or []),
+            n_trials=n_trials,
+            study=study,
+            storage=storage,
+            params=params,
+            out_dir=out_dir,
+            save_root=save_root,
+            seed=seed,
+        )
+        result = tune_mod.run(cfg)
+    states = ", ".join(f"{n} {s}" for s, n in sorted(result.states.items()))
+    typer.echo(
+        f"study {result.study_name!r} ({result.storage}): {result.n_trials} trials: {states}"
+    )
+    if result.best_number is not None:
+        typer.echo(
+            f"best: trial {result.best_number}, {result.direction} -> {result.best_value:.6g}, "
+            f"{result.best_params}"
+        )
+    for name, path in result.paths.items():
+        typer.echo(f"{name}: {path}")
 
 
 # ------------------------------------------------------------------ entry points

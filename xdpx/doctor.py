@@ -62,9 +62,17 @@ def _data(params: Params) -> list[Check]:
     labels = meta["labels"]
     splits = meta.get("splits", {})
     hashes: dict[str, set[bytes]] = {}
+    unit = "texts"
     for split, info in splits.items():
         data = load_split(data_dir, split)
-        hashes[split] = {ids.tobytes() for ids in data.input_ids}
+        if data.input_ids2 is None:
+            hashes[split] = {ids.tobytes() for ids in data.input_ids}
+        else:  # a pair leaks when both texts recur together (text1 alone often repeats)
+            unit = "pairs"
+            hashes[split] = {
+                np.int64(len(a)).tobytes() + a.tobytes() + b.tobytes()
+                for a, b in zip(data.input_ids, data.input_ids2, strict=True)
+            }
         if info.get("has_labels", True) and len(data):
             counts = np.bincount(data.labels[data.labels >= 0], minlength=len(labels))
             majority = counts.max() / max(counts.sum(), 1)
@@ -96,7 +104,7 @@ def _data(params: Params) -> list[Check]:
             Check(
                 "warn" if overlap else "ok",
                 f"leakage[{split}]",
-                f"{overlap} of {len(h)} {split} texts also in {params.train.train_subset} "
+                f"{overlap} of {len(h)} {split} {unit} also in {params.train.train_subset} "
                 "(identical token ids)",
             )
         )

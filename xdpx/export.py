@@ -6,7 +6,10 @@ guesses)::
     input_ids  int64   [batch, seq_len]   token ids, 0 = padding (right-padded)
     logits     float32 [batch, num_labels]
 
-with ``batch`` and ``seq_len`` dynamic. The legacy TorchScript exporter
+with ``batch`` and ``seq_len`` dynamic. A pair model (``match_esim``,
+``siamese``) has a second input ``input_ids2 int64 [batch, seq_len2]`` (its own
+dynamic width; ``xdpx.models.input_names`` gives the names in order). The
+legacy TorchScript exporter
 (``torch.onnx.export(..., dynamo=False)``) is used on purpose: it writes one
 self-contained ``.onnx`` file (the dynamo exporter needs ``onnxscript`` and
 stores large weights in a separate ``.onnx.data`` file).
@@ -38,12 +41,14 @@ import torch
 from torch import nn
 
 from xdpx import io
-from xdpx.inference import pad_batch
+from xdpx.inference import Batch, Sample, call_model, pad_batch
+from xdpx.models import input_names
 
 __all__ = [
     "INPUT_NAME",
     "OUTPUT_NAME",
     "DYNAMIC_AXES",
+    "dynamic_axes",
     "MIN_EXAMPLE_LEN",
     "ExportParityError",
     "build_example",
@@ -58,11 +63,20 @@ logger = logging.getLogger("xdpx.export")
 
 INPUT_NAME = "input_ids"
 OUTPUT_NAME = "logits"
-#: Dynamic axes of the exported graph (ONNX ``dim_param`` names).
-DYNAMIC_AXES: dict[str, dict[int, str]] = {
-    INPUT_NAME: {0: "batch", 1: "seq_len"},
-    OUTPUT_NAME: {0: "batch"},
-}
+
+
+def dynamic_axes(names: Sequence[str] = (INPUT_NAME,)) -> dict[str, dict[int, str]]:
+    """Dynamic axes of a graph with inputs ``names`` (ONNX ``dim_param`` names).
+
+    Every input gets ``batch`` and its own sequence axis (``seq_len``, ``seq_len2``,
+    ...), so the two texts of a pair may have different widths; ``logits`` gets ``batch``.
+    """
+    axes = {n: {0: "batch", 1: "seq_len" + (str(k + 1) if k else "")} for k, n in enumerate(names)}
+    return {**axes, OUTPUT_NAME: {0: "batch"}}
+
+
+#: Dynamic axes of the single-input graph.
+DYNAMIC_AXES: dict[str, dict[int, str]] = dynamic_axes()
 #: Width the export example is padded to at least (longer than any n-gram order / filter).
 MIN_EXAMPLE_LEN = 8
 
@@ -72,12 +86,12 @@ class ExportParityError(RuntimeError):
 
 
 def build_example(
-    seqs: Sequence[np.ndarray], min_len: int = 1, pad_id: int = 0, batch: int = 2
-) -> torch.Tensor:
-    """The tracing example: the first ``batch`` sequences, right-padded.
+    seqs: Sequence[Sample], min_len: int = 1, pad_id: int = 0, batch: int = 2
+) -> Batch:
+    """The tracing example: the first ``batch`` samples, right-padded.
 
     Args:
-        seqs: token id arrays (at least one).
+        seqs: token id arrays, or ``(input_ids, input_ids2)`` tuples (at least one).
         min_len: the model's ``min_len``; the example is at least
             ``max(min_len, MIN_EXAMPLE_LEN)`` wide so every length-dependent branch
             takes its general path while tracing.
@@ -86,7 +100,8 @@ def build_example(
             specialised to 1 anywhere in the trace).
 
     Returns:
-        ``[batch, width]`` int64 tensor (rows repeat when ``len(seqs) < batch``).
+        ``[batch, width]`` int64 tensor (rows repeat when ``len(seqs) < batch``); a
+        tuple of such tensors for pair samples.
 
     Raises:
         ValueError: ``seqs`` is empty.
@@ -98,7 +113,7 @@ def build_example(
 
 
 def export_onnx(
-    model: nn.Module, path: str, opset: int = 17, example_input: torch.Tensor | None = None
+    model: nn.Module, path: str, opset: int = 17, example_input: Batch | None = None
 ) -> None:
     """Export ``model`` to one self-contained ONNX file with dynamic batch/sequence axes.
 
@@ -108,26 +123,36 @@ def export_onnx(
     never left half-written).
 
     Args:
-        model: a classifier mapping ``input_ids [B, T]`` int64 to ``logits [B, C]``;
-            exported in eval mode (its training flag is restored afterwards).
+        model: a classifier mapping ``input_ids [B, T]`` int64 to ``logits [B, C]``
+            (a pair model: ``(input_ids, input_ids2)``); exported in eval mode (its
+            training flag is restored afterwards). The graph's inputs are named
+            ``xdpx.models.input_names(model)``.
         path: destination ``.onnx`` file (local path or fsspec URL).
         opset: ONNX opset version (>= 13).
-        example_input: ``[B, T]`` int64 tracing example; default ``[2, max(min_len, 8)]``
-            of token id 1 (see :func:`build_example` for why it should be long).
+        example_input: ``[B, T]`` int64 tracing example (a tuple of them, one per input,
+            for a pair model); default ``[2, max(min_len, 8)]`` of token id 1 per input
+            (see :func:`build_example` for why it should be long).
 
     Raises:
-        ValueError: ``example_input`` is not a 2-D int64 tensor.
+        ValueError: ``example_input`` is not a 2-D int64 tensor, or not one per input.
         onnx.checker.ValidationError: the exported graph is not valid ONNX.
         RuntimeError: torch cannot export the model.
     """
+    names = input_names(model)
     if example_input is None:
         width = max(getattr(model, "min_len", 1), MIN_EXAMPLE_LEN)
-        example_input = torch.ones(2, width, dtype=torch.int64)
-    if example_input.dtype != torch.int64 or example_input.dim() != 2:
+        example_input = tuple(torch.ones(2, width, dtype=torch.int64) for _ in names)
+    example = example_input if isinstance(example_input, tuple) else (example_input,)
+    if len(example) != len(names):
         raise ValueError(
-            f"example_input must be a [batch, seq_len] int64 tensor, got "
-            f"{example_input.dtype} of shape {tuple(example_input.shape)}"
+            f"example_input has {len(example)} tensor(s); the model takes {len(names)}: {names}"
         )
+    for t in example:
+        if t.dtype != torch.int64 or t.dim() != 2:
+            raise ValueError(
+                f"example_input must be [batch, seq_len] int64 tensors, got "
+                f"{t.dtype} of shape {tuple(t.shape)}"
+            )
     was_training = model.training
     model.eval()
     try:
@@ -137,11 +162,11 @@ def export_onnx(
                 warnings.simplefilter("always")
                 torch.onnx.export(
                     model,
-                    (example_input.cpu(),),
+                    tuple(t.cpu() for t in example),
                     local,
-                    input_names=[INPUT_NAME],
+                    input_names=list(names),
                     output_names=[OUTPUT_NAME],
-                    dynamic_axes=DYNAMIC_AXES,
+                    dynamic_axes=dynamic_axes(names),
                     opset_version=opset,
                     do_constant_folding=True,
                     dynamo=False,
@@ -201,7 +226,7 @@ def parity_batches(n: int, batch_size: int) -> list[tuple[int, int]]:
 def check_parity(
     onnx_path: str,
     model: nn.Module,
-    seqs: Sequence[np.ndarray],
+    seqs: Sequence[Sample],
     atol: float = 1e-4,
     batch_size: int = 64,
     pad_id: int = 0,
@@ -210,12 +235,14 @@ def check_parity(
 
     Both runtimes get the very same right-padded ``[B, T]`` batches (see
     :func:`parity_batches`: a batch of 1, a batch of 3, then ``batch_size``
-    batches, each padded to its own longest row, at least ``model.min_len``).
+    batches, each padded to its own longest row, at least ``model.min_len``);
+    a pair model gets both inputs, each padded to its own width.
 
     Args:
         onnx_path: exported ``.onnx`` file (local path or fsspec URL).
         model: the eager model the file was exported from (run on CPU, eval mode).
-        seqs: token id arrays to score (at least one).
+        seqs: token id arrays (pairs: ``(input_ids, input_ids2)`` tuples) to score
+            (at least one).
         atol: largest allowed absolute logit difference.
         batch_size: size of the regular batches.
         pad_id: padding id.
@@ -224,7 +251,8 @@ def check_parity(
         ``{"max_abs_diff", "mean_abs_diff", "num_samples", "argmax_agreement",
         "atol", "batch_shapes"}``: diffs over all ``num_samples * num_labels``
         logits, ``argmax_agreement`` the fraction of samples whose predicted class
-        agrees, ``batch_shapes`` the ``[B, T]`` of every batch run.
+        agrees, ``batch_shapes`` the ``[B, T]`` of every batch run (pairs:
+        ``[B, T, T2]``).
 
     Raises:
         ValueError: ``seqs`` is empty.
@@ -235,6 +263,7 @@ def check_parity(
         raise ValueError("check_parity needs at least one sequence")
     session = ort_session(onnx_path)
     min_len = getattr(model, "min_len", 1)
+    names = input_names(model)
     was_training = model.training
     model.eval()
     eager_chunks, ort_chunks, shapes = [], [], []
@@ -242,9 +271,11 @@ def check_parity(
         with torch.no_grad():
             for start, stop in parity_batches(len(seqs), batch_size):
                 x = pad_batch(seqs[start:stop], pad_id, min_len)
-                eager_chunks.append(model(x).float().cpu().numpy())
-                ort_chunks.append(session.run([OUTPUT_NAME], {INPUT_NAME: x.numpy()})[0])
-                shapes.append(list(x.shape))
+                xs = x if isinstance(x, tuple) else (x,)
+                feed = {n: t.numpy() for n, t in zip(names, xs, strict=True)}
+                eager_chunks.append(call_model(model, x).float().cpu().numpy())
+                ort_chunks.append(session.run([OUTPUT_NAME], feed)[0])
+                shapes.append([xs[0].shape[0]] + [t.shape[1] for t in xs])
     finally:
         model.train(was_training)
     eager = np.concatenate(eager_chunks)
@@ -302,7 +333,7 @@ def _median_ms(fn: Any, warmup: int, runs: int) -> float:
 def measure_latency(
     onnx_path: str,
     model: nn.Module,
-    seqs: Sequence[np.ndarray],
+    seqs: Sequence[Sample],
     batch_sizes: Sequence[int] = (1, 64),
     percentile: float = 90.0,
     warmup: int = 3,
@@ -313,14 +344,15 @@ def measure_latency(
 
     Every batch has the same width: the ``percentile``-th percentile of the
     sample lengths (rounded up, at least ``model.min_len``); rows are the samples
-    cycled, truncated or padded to it. Each runtime gets ``warmup`` untimed calls,
+    cycled, truncated or padded to it. For a pair model each input gets the
+    percentile of its own lengths. Each runtime gets ``warmup`` untimed calls,
     then ``runs`` calls timed with ``time.perf_counter``. Thread settings are left
     as they are (torch's and onnxruntime's defaults), and both are recorded.
 
     Args:
         onnx_path: exported ``.onnx`` file.
         model: the eager model (CPU; run in eval mode under ``torch.inference_mode``).
-        seqs: token id arrays (at least one).
+        seqs: token id arrays, or ``(input_ids, input_ids2)`` tuples (at least one).
         batch_sizes: batch sizes to time.
         percentile: length percentile used as the fixed width.
         warmup: untimed calls per runtime and batch size.
@@ -328,7 +360,8 @@ def measure_latency(
         pad_id: padding id.
 
     Returns:
-        ``{"seq_len", "percentile", "warmup", "runs", "torch_threads",
+        ``{"seq_len", "seq_lens" (width per input name), "percentile", "warmup", "runs",
+        "torch_threads",
         "ort_intra_op_threads" (0 = onnxruntime's default), "batches": {"<B>": {"eager_ms", "onnxruntime_ms",
         "speedup"}}}``; times are medians in milliseconds per batch, ``speedup`` is
         ``eager_ms / onnxruntime_ms`` (> 1: onnxruntime is faster).
@@ -338,10 +371,16 @@ def measure_latency(
     """
     if not len(seqs):
         raise ValueError("measure_latency needs at least one sequence")
-    lengths = np.array([len(s) for s in seqs])
-    seq_len = max(
-        int(math.ceil(np.percentile(lengths, percentile))), getattr(model, "min_len", 1), 1
-    )
+    names = input_names(model)
+    columns = [[s[k] for s in seqs] for k in range(len(names))] if len(names) > 1 else [seqs]
+    widths = [
+        max(
+            int(math.ceil(np.percentile([len(s) for s in col], percentile))),
+            getattr(model, "min_len", 1),
+            1,
+        )
+        for col in columns
+    ]
     session = ort_session(onnx_path)
     was_training = model.training
     model.eval()
@@ -349,11 +388,14 @@ def measure_latency(
     try:
         with torch.inference_mode():
             for b in batch_sizes:
-                x = _fixed_batch(seqs, b, seq_len, pad_id)
-                xt = torch.from_numpy(x)
-                eager_ms = _median_ms(lambda xt=xt: model(xt), warmup, runs)
+                feed = {
+                    n: _fixed_batch(col, b, w, pad_id)
+                    for n, col, w in zip(names, columns, widths, strict=True)
+                }
+                xt = tuple(torch.from_numpy(x) for x in feed.values())
+                eager_ms = _median_ms(lambda xt=xt: model(*xt), warmup, runs)
                 ort_ms = _median_ms(
-                    lambda x=x: session.run([OUTPUT_NAME], {INPUT_NAME: x}), warmup, runs
+                    lambda feed=feed: session.run([OUTPUT_NAME], feed), warmup, runs
                 )
                 batches[str(b)] = {
                     "eager_ms": eager_ms,
@@ -361,9 +403,9 @@ def measure_latency(
                     "speedup": eager_ms / ort_ms if ort_ms > 0 else float("inf"),
                 }
                 logger.info(
-                    "latency batch %d x %d: eager %.3f ms, onnxruntime %.3f ms (x%.2f)",
+                    "latency batch %d x %s: eager %.3f ms, onnxruntime %.3f ms (x%.2f)",
                     b,
-                    seq_len,
+                    "/".join(map(str, widths)),
                     eager_ms,
                     ort_ms,
                     batches[str(b)]["speedup"],
@@ -371,7 +413,8 @@ def measure_latency(
     finally:
         model.train(was_training)
     return {
-        "seq_len": seq_len,
+        "seq_len": widths[0],
+        "seq_lens": dict(zip(names, widths, strict=True)),
         "percentile": percentile,
         "warmup": warmup,
         "runs": runs,

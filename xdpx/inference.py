@@ -2,6 +2,12 @@
 
 One code path computes validation scores during training and in ``evaluate``,
 so the dev score evaluate reports equals the best one logged in training.
+
+A *sample* is one model input: an int array of token ids for a single-text
+model, or a tuple ``(input_ids, input_ids2)`` of two arrays for a pair model
+(``xdpx.models.input_names``). A batch of samples pads into one ``[batch,
+seq_len]`` tensor, or into a tuple of tensors (one per input, each padded to
+its own width), and the model is called as ``model(*inputs)``.
 """
 
 from __future__ import annotations
@@ -12,20 +18,50 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["pad_batch", "predict_logits", "predict_probs", "format_probs"]
+__all__ = [
+    "Sample",
+    "Batch",
+    "as_samples",
+    "pad_batch",
+    "to_device",
+    "call_model",
+    "predict_logits",
+    "predict_probs",
+    "format_probs",
+]
+
+#: One model input: ids of one text, or ``(input_ids, input_ids2)`` of a pair.
+Sample = np.ndarray | tuple[np.ndarray, ...]
+#: One padded batch: ``[batch, seq_len]``, or one such tensor per model input.
+Batch = torch.Tensor | tuple[torch.Tensor, ...]
 
 
-def pad_batch(seqs: Sequence[np.ndarray], pad_id: int = 0, min_len: int = 1) -> torch.Tensor:
-    """Right-pad variable-length id sequences into one tensor.
+def as_samples(
+    input_ids: Sequence[np.ndarray], input_ids2: Sequence[np.ndarray] | None = None
+) -> list[Sample]:
+    """Samples from the columns of a split (``SplitData``) or an encoder's output.
 
     Args:
-        seqs: ``batch`` int arrays of token ids.
-        pad_id: id used for padding.
-        min_len: pad to at least this length (e.g. TextCNN's widest filter).
+        input_ids: ``n`` id arrays.
+        input_ids2: ``n`` second-text id arrays of a separately encoded pair task, or None.
 
     Returns:
-        ``[batch, max(max_len_in_batch, min_len)]`` int64 tensor.
+        ``input_ids`` itself (as a list) when ``input_ids2`` is None, else ``n``
+        tuples ``(input_ids[i], input_ids2[i])``.
+
+    Raises:
+        ValueError: the two columns differ in length.
     """
+    if input_ids2 is None:
+        return list(input_ids)
+    if len(input_ids2) != len(input_ids):
+        raise ValueError(
+            f"input_ids ({len(input_ids)}) and input_ids2 ({len(input_ids2)}) differ in length"
+        )
+    return list(zip(input_ids, input_ids2, strict=True))
+
+
+def _pad(seqs: Sequence[np.ndarray], pad_id: int, min_len: int) -> torch.Tensor:
     width = max([len(s) for s in seqs] + [min_len])
     out = np.full((len(seqs), width), pad_id, dtype=np.int64)
     for i, s in enumerate(seqs):
@@ -33,15 +69,45 @@ def pad_batch(seqs: Sequence[np.ndarray], pad_id: int = 0, min_len: int = 1) -> 
     return torch.from_numpy(out)
 
 
+def pad_batch(seqs: Sequence[Sample], pad_id: int = 0, min_len: int = 1) -> Batch:
+    """Right-pad variable-length id sequences into one tensor (a tuple of tensors for pairs).
+
+    Args:
+        seqs: ``batch`` samples: int arrays of token ids, or tuples of them (pairs).
+        pad_id: id used for padding.
+        min_len: pad to at least this length (e.g. TextCNN's widest filter); for
+            pairs, each input is padded to at least this length.
+
+    Returns:
+        ``[batch, max(max_len_in_batch, min_len)]`` int64 tensor; for tuple samples,
+        a tuple with one such tensor per input, each as wide as its own longest row.
+    """
+    if len(seqs) and isinstance(seqs[0], tuple):
+        return tuple(_pad([s[k] for s in seqs], pad_id, min_len) for k in range(len(seqs[0])))
+    return _pad(seqs, pad_id, min_len)  # type: ignore[arg-type]
+
+
+def to_device(x: Batch, device: str | torch.device) -> Batch:
+    """Move a padded batch (a tensor or a tuple of tensors) to ``device``."""
+    if isinstance(x, tuple):
+        return tuple(t.to(device) for t in x)
+    return x.to(device)
+
+
+def call_model(model: nn.Module, x: Batch) -> torch.Tensor:
+    """``model(*x)`` for a tuple batch (pair models), ``model(x)`` for a tensor."""
+    return model(*x) if isinstance(x, tuple) else model(x)
+
+
 @torch.no_grad()
 def predict_logits(
     model: nn.Module,
-    seqs: Sequence[np.ndarray],
+    seqs: Sequence[Sample],
     batch_size: int = 256,
     pad_id: int = 0,
     device: str | torch.device = "cpu",
 ) -> np.ndarray:
-    """Logits for every sequence, in input order, with the model in eval mode.
+    """Logits for every sample, in input order, with the model in eval mode.
 
     Returns:
         ``[n, num_labels]`` float32 array.
@@ -51,8 +117,8 @@ def predict_logits(
     min_len = getattr(model, "min_len", 1)
     chunks = []
     for i in range(0, len(seqs), batch_size):
-        x = pad_batch(seqs[i : i + batch_size], pad_id, min_len).to(device)
-        chunks.append(model(x).float().cpu().numpy())
+        x = to_device(pad_batch(seqs[i : i + batch_size], pad_id, min_len), device)
+        chunks.append(call_model(model, x).float().cpu().numpy())
     model.train(was_training)
     if not chunks:
         raise ValueError("predict_logits got no sequences")
@@ -61,7 +127,7 @@ def predict_logits(
 
 def predict_probs(
     model: nn.Module,
-    seqs: Sequence[np.ndarray],
+    seqs: Sequence[Sample],
     batch_size: int = 256,
     pad_id: int = 0,
     device: str | torch.device = "cpu",

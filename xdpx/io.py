@@ -655,10 +655,9 @@ def makedirs(path: str) -> None:
 
 # ---------------------------------------------------------------- temporary files
 def cache_dir(*parts: str) -> str:
-    """A local directory under ``XDPX_CACHE_DIR`` (default ``$XDG_CACHE_HOME/xdpx`` or ``~/.cache/xdpx``)."""
-    root = os.environ.get("XDPX_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "xdpx"
-    )
+    """A local directory (created) under xdpx's cache: ``$XDPX_CACHE`` or ``~/.cache/xdpx``
+    (the root :mod:`xdpx.pretrained` uses too)."""
+    root = os.environ.get("XDPX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "xdpx")
     path = os.path.join(root, *parts)
     os.makedirs(path, exist_ok=True)
     return path

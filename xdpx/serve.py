@@ -15,7 +15,7 @@ import numpy as np
 from xdpx import io
 from xdpx.checkpoint import load_checkpoint
 from xdpx.data import DataError, Encoder
-from xdpx.inference import format_probs, predict_probs
+from xdpx.inference import as_samples, format_probs, predict_probs
 
 __all__ = ["Predictor", "serve_lines"]
 
@@ -64,8 +64,13 @@ class Predictor:
         return parts[0].strip(), parts[1].strip()
 
     def predict(self, texts: list[str], texts2: list[str] | None = None) -> np.ndarray:
-        """Probabilities ``[n, num_labels]`` (float64) of ``texts`` (and ``texts2``)."""
-        seqs = self.encoder.encode(texts, texts2)
+        """Probabilities ``[n, num_labels]`` (float64) of ``texts`` (and ``texts2``).
+
+        Encoded by the same :meth:`Encoder.encode_inputs` call as ``predict``: a
+        separately encoded pair becomes ``(input_ids, input_ids2)``, a joint (hf) one
+        a single sequence.
+        """
+        seqs = as_samples(*self.encoder.encode_inputs(texts, texts2))
         return predict_probs(self.ckpt.model, seqs, 256, self.encoder.pad_id)
 
 

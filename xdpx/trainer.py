@@ -45,6 +45,10 @@ optimizer update. Features are plain branches, not hooks:
 * remote save_dir (``oss://``, ``s3://``): every log rewrite and checkpoint goes
   through ``xdpx.io`` (atomic objects, retried); DVCLive writes to a local staging
   directory mirrored to ``<save_dir>/dvclive`` after each evaluation and at the end.
+* ``on_eval``: the one outside call, for tuners (``xdpx.tune``): after each
+  dev evaluation (logs written, checkpoints saved) the trainer calls
+  ``on_eval(EvalEvent)``; raising ``StopTraining`` there ends training
+  like an early stop (Optuna pruning).
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ import logging
 import math
 import random
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -72,14 +77,17 @@ from xdpx import log as xlog
 from xdpx.checkpoint import load_training_state, save_checkpoint
 from xdpx.config import TrainConfig
 from xdpx.errors import DivergenceError, LossScaleError, NonFiniteLossError
-from xdpx.inference import pad_batch, predict_probs
+from xdpx.inference import Batch, call_model, pad_batch, predict_probs, to_device
 from xdpx.metrics import classification_metrics, is_better
+from xdpx.optim import param_groups, warmup_updates
 
 log = logging.getLogger("xdpx.trainer")
 
 __all__ = [
     "Trainer",
     "TrainResult",
+    "EvalEvent",
+    "StopTraining",
     "TrainState",
     "ShardedOrder",
     "DivergenceError",
@@ -179,6 +187,37 @@ class TrainState:
     sample_rows: list[dict[str, Any]] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class EvalEvent:
+    """One dev evaluation, as passed to ``Trainer(on_eval=...)``.
+
+    Attributes:
+        update: updates done so far.
+        epoch: epoch of the latest update (1-based).
+        samples_seen: training samples consumed so far (the progress measure
+            that compares runs with different batch sizes, as ``xdpx viz`` does).
+        metrics: the valid metrics (``classification_metrics``), e.g. ``accuracy``, ``loss``.
+        major_metric: ``train.major_metric``; its value is ``metrics[major_metric]``.
+        best_score: best ``major_metric`` so far, this evaluation included.
+    """
+
+    update: int
+    epoch: int
+    samples_seen: int
+    metrics: dict[str, float]
+    major_metric: str
+    best_score: float | None
+
+
+class StopTraining(Exception):
+    """Raised by an ``on_eval`` callback to end training after this evaluation (e.g. pruning).
+
+    The trainer handles it like an early stop: the evaluation's logs and
+    checkpoints are already written, ``last/`` is re-saved as finished, and
+    ``fit`` returns normally; ``Trainer.stop_reason`` holds the message.
+    """
+
+
 def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
     """Permutation of ``range(n)`` for ``epoch``, seeded by ``(seed, epoch)`` only (FAQ: shuffling)."""
     return np.random.default_rng([seed, epoch]).permutation(n)
@@ -253,9 +292,7 @@ def _has_nonfinite(value: Any) -> bool:
     return False
 
 
-def find_nonfinite(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, autocast: Any = nullcontext
-) -> str:
+def find_nonfinite(model: nn.Module, x: Batch, y: torch.Tensor, autocast: Any = nullcontext) -> str:
     """Re-run one micro-batch with hooks and name where NaN/Inf first appears.
 
     Forward hooks on every module (enabled only for this re-run) record the
@@ -267,7 +304,8 @@ def find_nonfinite(
 
     Args:
         model: the (unwrapped) model, in the mode the failing update used.
-        x: ``[batch, seq_len]`` input ids; y: ``[batch]`` labels.
+        x: ``[batch, seq_len]`` input ids, or a tuple of them for a pair model
+            (called as ``model(*x)``); y: ``[batch]`` labels.
         autocast: zero-argument callable returning the autocast context used in training.
 
     Returns:
@@ -284,7 +322,7 @@ def find_nonfinite(
     try:
         model.zero_grad(set_to_none=True)
         with autocast():
-            logits = model(x)
+            logits = call_model(model, x)
         loss = F.cross_entropy(logits.float(), y, reduction="sum")
     finally:
         for h in handles:
@@ -317,15 +355,23 @@ class Trainer:
     """Trains ``model`` on token-id sequences with cross-entropy.
 
     Args:
-        model: maps ``input_ids [batch, seq_len]`` to ``logits [batch, num_labels]``.
+        model: maps ``input_ids [batch, seq_len]`` to ``logits [batch, num_labels]``;
+            a pair model (``input_names`` of two) maps ``(input_ids, input_ids2)``.
         cfg: the ``train`` section.
-        train_seqs: training sequences (int arrays of token ids), one per sample.
+        train_seqs: training samples, one per example: int arrays of token ids, or
+            ``(input_ids, input_ids2)`` tuples for a pair model (``xdpx.inference.as_samples``).
         train_labels: ``[n]`` class indices.
         valid_seqs / valid_labels: validation split (may be None: no evaluation,
             then best = last).
         model_name / model_config: saved in each checkpoint's config.json.
         assets_dir: prepared data dir (vocab/target map/meta copied into checkpoints).
         pad_id: padding id.
+        on_eval: called as ``on_eval(EvalEvent)`` after each dev evaluation,
+            once its valid.log.tsv row, DVCLive step and checkpoints are
+            written (never without a valid split). It may raise
+            ``StopTraining`` to end training there; any other exception
+            propagates out of ``fit``. Under DDP every rank calls it with the
+            same metrics and must decide the same way. None (default): no call.
 
     Under ``torch.distributed`` (initialised by the caller, e.g. ``stages.train``
     under torchrun) the model is wrapped in ``DistributedDataParallel``.
@@ -347,6 +393,7 @@ class Trainer:
         model_config: dict[str, Any],
         assets_dir: str,
         pad_id: int = 0,
+        on_eval: Callable[[EvalEvent], None] | None = None,
     ) -> None:
         if len(train_seqs) == 0:
             raise ValueError("training split is empty")
@@ -373,7 +420,7 @@ class Trainer:
         self.save_dir = cfg.save_dir
         self.is_main = self.rank == 0
         self.optimizer = torch.optim.AdamW(
-            self.module.parameters(),
+            param_groups(self.module, cfg),
             lr=cfg.learning_rate,
             betas=tuple(cfg.adam_betas),
             eps=cfg.adam_eps,
@@ -393,7 +440,7 @@ class Trainer:
         self.scheduler = get_scheduler(
             cfg.lr_scheduler,
             self.optimizer,
-            num_warmup_steps=cfg.warmup_steps,
+            num_warmup_steps=warmup_updates(cfg, self.total_updates),
             num_training_steps=self.total_updates,
         )
         self.amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(cfg.precision)
@@ -405,6 +452,8 @@ class Trainer:
         self._auto_ga_logged = False
         self._live: Any = None
         self._live_mirror: io.DirMirror | None = None  # remote save_dir: dvclive/ staged locally
+        self.on_eval = on_eval
+        self.stop_reason: str | None = None  # message of a StopTraining raised by on_eval
 
     # ---------------------------------------------------------------- saving / resuming
     def _training_files(self) -> dict[str, bytes]:
@@ -591,7 +640,10 @@ class Trainer:
 
     def _log_train_row(self, grad_norm: float, scale: float | None) -> None:
         st, live = self.state, self._live
-        lr = self.optimizer.param_groups[0]["lr"]
+        groups = self.optimizer.param_groups
+        lr = groups[0]["lr"]  # several groups: learning_rate x the schedule's current factor
+        if len(groups) > 1:
+            lr = self.cfg.learning_rate * groups[0]["lr"] / groups[0]["initial_lr"]
         row = {
             "update": st.num_updates,
             "epoch": st.last_epoch,
@@ -666,6 +718,16 @@ class Trainer:
             st.best_score,
             st.best_update,
         )
+        if self.on_eval is not None:
+            event = EvalEvent(
+                st.num_updates, epoch, st.samples_seen, dict(metrics), metric, st.best_score
+            )
+            try:
+                self.on_eval(event)
+            except StopTraining as stop:
+                self.stop_reason = str(stop) or "stop requested by on_eval"
+                log.info("update %d: training stopped: %s", st.num_updates, self.stop_reason)
+                return True
         return st.stopped_early
 
     # ---------------------------------------------------------------- one update
@@ -676,11 +738,12 @@ class Trainer:
             enabled=self.amp_dtype is not None,
         )
 
-    def _batch(self, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def _batch(self, idx: np.ndarray) -> tuple[Batch, torch.Tensor]:
+        """Padded inputs (a tuple for pairs, each input to its own width) and labels of ``idx``."""
         x = pad_batch(
             [self.train_seqs[i] for i in idx], self.pad_id, getattr(self.module, "min_len", 1)
-        ).to(self.device)
-        return x, torch.from_numpy(self.train_labels[idx]).to(self.device)
+        )
+        return to_device(x, self.device), torch.from_numpy(self.train_labels[idx]).to(self.device)
 
     def _forward_backward(self, local: np.ndarray, n_window: int) -> tuple[float, float]:
         """Accumulate the gradients of one window share; returns (summed CE, correct)."""
@@ -694,7 +757,7 @@ class Trainer:
             with nullcontext() if sync else self.model.no_sync():
                 x, y = self._batch(idx)
                 with self._autocast(), xlog.collecting(sink):
-                    logits = self.model(x)
+                    logits = call_model(self.model, x)
                 ce = F.cross_entropy(logits.float(), y, reduction="sum")
                 self.scaler.scale(ce / per_rank).backward()
             loss_sum += ce.item()

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from xdpx import io
-
 __all__ = ["CharTokenizer", "WhitespaceTokenizer", "HFTokenizer", "TOKENIZERS", "make_tokenizer"]
 
 
@@ -54,16 +52,14 @@ class HFTokenizer:
     """A local Hugging Face *fast* tokenizer; produces ids (special tokens included) directly.
 
     Lower-casing is left to the tokenizer's own normalizer (``PreproConfig.lower`` does
-    not apply). Nothing is downloaded from the Hub: the directory must hold
-    ``tokenizer.json`` etc. An ``oss://``/``s3://`` directory is copied to
-    ``xdpx.io.cache_dir("tokenizers")`` first.
+    not apply). Nothing is downloaded: the directory must hold ``tokenizer.json`` etc.
 
     Args:
-        path: directory loadable by ``AutoTokenizer.from_pretrained`` (local or remote).
+        path: local directory loadable by ``AutoTokenizer.from_pretrained``.
         lower: ignored (kept for a uniform constructor).
 
     Raises:
-        ValueError: ``path`` is not a directory, cannot be loaded, or is not a
+        ValueError: ``path`` is not a local directory, cannot be loaded, or is not a
             fast tokenizer, or the tokenizer has no pad token.
     """
 
@@ -73,18 +69,13 @@ class HFTokenizer:
         from transformers import AutoTokenizer
         from transformers.utils import logging as hf_logging
 
-        del lower
-        local = path
-        if io.is_remote(path) and io.isdir(path):  # oss:// / s3://: a local copy under the cache
-            import hashlib
-            import shutil
+        from xdpx.pretrained import resolve_pretrained
 
-            local = io.cache_dir("tokenizers", hashlib.sha256(path.encode()).hexdigest()[:16])
-            shutil.rmtree(local, ignore_errors=True)
-            io.download_dir(path, local)
-        if not io.is_local(local) or not io.isdir(local):
-            where = "" if io.is_remote(path) else "local "
-            raise ValueError(f"tokenizer_path {path!r} is not a {where}directory")
+        del lower
+        try:
+            local = resolve_pretrained(path)
+        except FileNotFoundError as e:
+            raise ValueError(f"tokenizer_path {path!r}: {e}") from None
         verbosity = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()  # no "sequence longer than model_max_length" noise
         try:
@@ -105,6 +96,12 @@ class HFTokenizer:
     @property
     def pad_id(self) -> int:
         return int(self.tok.pad_token_id)
+
+    @property
+    def sep_id(self) -> int | None:
+        """The separator id (``[SEP]``) placed between the texts of a pair, if any."""
+        sep = self.tok.sep_token_id
+        return int(sep) if sep is not None else None
 
     @property
     def unk_id(self) -> int:

@@ -1,8 +1,11 @@
 """Models: a flat ``MODELS`` dict keyed by the names allowed in ``TrainConfig.model``.
 
-Every model maps ``input_ids [batch, seq_len]`` (int64, 0 = padding) to
-``logits [batch, num_labels]`` and exposes ``min_len`` (shortest sequence it
-accepts; batches are padded up to it).
+A single-text model maps ``input_ids [batch, seq_len]`` (int64, 0 = padding)
+to ``logits [batch, num_labels]``. A pair model (``match_esim``, ``siamese``)
+declares ``input_names = ("input_ids", "input_ids2")`` and is called as
+``model(input_ids, input_ids2)``, each ``[batch, seq_len_i]`` padded to its own
+width. Every model exposes ``min_len`` (shortest sequence it accepts; each input
+is padded up to it). :func:`input_names` tells the two kinds apart.
 """
 
 from __future__ import annotations
@@ -13,22 +16,62 @@ from typing import Any
 from torch import nn
 
 from xdpx.models.bilstm import BiLSTM
+from xdpx.models.hf import HFClassifier
 from xdpx.models.ngram import NgramLR
+from xdpx.models.pair import PAIR_INPUTS, MatchESIM, Siamese
 from xdpx.models.textcnn import TextCNN
 
 MODELS: dict[str, type[nn.Module]] = {
     "ngram_lr": NgramLR,
     "textcnn": TextCNN,
     "bilstm": BiLSTM,
+    "match_esim": MatchESIM,
+    "siamese": Siamese,
+    "hf_classifier": HFClassifier,
 }
+
+#: Input names of a model that declares none: one text.
+SINGLE_INPUT = ("input_ids",)
+
+
+def input_names(model: str | nn.Module | type[nn.Module]) -> tuple[str, ...]:
+    """The inputs a model takes, in ``forward`` order (also its ONNX input names).
+
+    Args:
+        model: a ``MODELS`` key, a model class or an instance.
+
+    Returns:
+        ``("input_ids",)`` for single-text models, ``("input_ids", "input_ids2")``
+        for pair models over separately encoded texts.
+
+    Raises:
+        KeyError: unknown model name.
+    """
+    if isinstance(model, str):
+        if model not in MODELS:
+            raise KeyError(f"unknown model {model!r}; valid: {sorted(MODELS)}")
+        model = MODELS[model]
+    return tuple(getattr(model, "input_names", SINGLE_INPUT))
 
 
 def model_config_from(
-    name: str, train_cfg: Any, vocab_size: int, num_labels: int, pad_id: int
+    name: str,
+    train_cfg: Any,
+    vocab_size: int,
+    num_labels: int,
+    pad_id: int,
+    meta: dict[str, Any] | None = None,
 ) -> dict:
-    """The constructor arguments of model ``name`` taken from a TrainConfig (saved as config.json)."""
+    """The constructor arguments of model ``name`` taken from a TrainConfig (saved as config.json).
+
+    ``meta`` (prepro's meta.json) supplies data facts a model may take: ``sep_id`` (the
+    tokenizer's separator) and ``pair`` (jointly encoded text pairs).
+    """
     params = inspect.signature(MODELS[name].__init__).parameters
     cfg: dict[str, Any] = {"vocab_size": vocab_size, "num_labels": num_labels, "pad_id": pad_id}
+    meta = meta or {}
+    from_meta = {"sep_id": meta.get("sep_id"), "pair": meta.get("pair_encoding") == "joint"}
+    cfg.update({k: v for k, v in from_meta.items() if k in params})
     for key in params:
         if key not in cfg and key != "self" and hasattr(train_cfg, key):
             value = getattr(train_cfg, key)
@@ -47,4 +90,17 @@ def build_model(name: str, model_config: dict) -> nn.Module:
     return MODELS[name](**model_config)
 
 
-__all__ = ["MODELS", "TextCNN", "BiLSTM", "NgramLR", "build_model", "model_config_from"]
+__all__ = [
+    "MODELS",
+    "PAIR_INPUTS",
+    "SINGLE_INPUT",
+    "TextCNN",
+    "BiLSTM",
+    "NgramLR",
+    "MatchESIM",
+    "Siamese",
+    "HFClassifier",
+    "build_model",
+    "input_names",
+    "model_config_from",
+]

@@ -71,14 +71,23 @@ class _AfterImportFinder:
         return spec
 
 
-def install() -> None:
+def install(forget: bool = False) -> None:
     """Apply every patch when its target is imported (at once for targets already imported).
 
     Cheap enough for interpreter start (stdlib only, imports no target); idempotent. Called by
     the ``xdpx-patches.pth`` line that installing xdpx puts in site-packages.
+
+    Args:
+        forget: drop ``xdpx`` and ``xdpx.patches`` from ``sys.modules`` afterwards (the
+            ``.pth`` line does), so that a later ``import xdpx`` resolves through ``sys.path``
+            as if nothing had been imported: a checkout in the current directory wins over
+            the installed copy, as it does without the ``.pth`` file.
     """
     for name in HOOKS:
         if name in sys.modules:
             _run_hook(sys.modules[name])
     if not any(type(f).__name__ == "_AfterImportFinder" for f in sys.meta_path):
         sys.meta_path.insert(0, _AfterImportFinder())
+    if forget and not any(m.startswith("xdpx.") and m != __name__ for m in sys.modules):
+        sys.modules.pop(__name__, None)
+        sys.modules.pop("xdpx", None)

