@@ -66,8 +66,10 @@ def resolve_pretrained(path: str) -> str:
     if path.startswith(PKG_PREFIX):
         return _package_dir(path)
     if io.is_local(path):
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path} not found")
         if not os.path.isdir(path):
-            raise FileNotFoundError(f"{path} is not a directory")
+            raise FileNotFoundError(f"{path} is not a directory (give the model's directory)")
         return os.path.abspath(path)
     target = os.path.join(
         cache_dir(), "pretrained", hashlib.sha1(path.encode("utf-8")).hexdigest()[:16]
