@@ -23,17 +23,12 @@ import shutil
 
 from xdpx import io
 
-__all__ = ["PKG_PREFIX", "cache_dir", "resolve_pretrained"]
+__all__ = ["PKG_PREFIX", "resolve_pretrained"]
 
 log = logging.getLogger("xdpx.pretrained")
 
 #: Prefix of a directory inside an installed package.
 PKG_PREFIX = "pkg:"
-
-
-def cache_dir() -> str:
-    """Root of xdpx's local cache: ``$XDPX_CACHE`` or ``~/.cache/xdpx``."""
-    return os.environ.get("XDPX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "xdpx")
 
 
 def _package_dir(spec: str) -> str:
@@ -72,7 +67,7 @@ def resolve_pretrained(path: str) -> str:
             raise FileNotFoundError(f"{path} is not a directory (give the model's directory)")
         return os.path.abspath(path)
     target = os.path.join(
-        cache_dir(), "pretrained", hashlib.sha1(path.encode("utf-8")).hexdigest()[:16]
+        io.cache_dir("pretrained"), hashlib.sha1(path.encode("utf-8")).hexdigest()[:16]
     )
     if os.path.isfile(os.path.join(target, ".complete")):
         return target
