@@ -620,6 +620,31 @@ def _deep_merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def read_yaml_mapping(
+    path: str, what: str = "config file", where: str = "", hint: str = ""
+) -> dict:
+    """The top-level mapping of a YAML file (local or URL), with errors that name the file.
+
+    Args:
+        path: the file.
+        what: what the file is, for the not-found message (``config file``, ``tune file``).
+        where: appended to the not-found message (e.g. `` (extended by a.yaml)``).
+        hint: the expected keys, appended to the not-a-mapping message.
+
+    Raises:
+        ConfigError: missing file, invalid YAML, or a top level that is not a mapping.
+    """
+    if not io.exists(path):
+        raise ConfigError(f"{what} {path} not found{where}")
+    try:
+        raw = yaml.safe_load(io.read_text(path)) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level must be a mapping{hint}")
+    return raw
+
+
 def read_config_file(
     path: str, section: str | None = None, _chain: tuple[str, ...] = ()
 ) -> dict[str, Any]:
@@ -638,15 +663,8 @@ def read_config_file(
     """
     if path in _chain:
         raise ConfigError(f"{path}: extends cycle {' -> '.join((*_chain, path))}")
-    if not io.exists(path):
-        where = f" (extended by {_chain[-1]})" if _chain else ""
-        raise ConfigError(f"config file {path} not found{where}")
-    try:
-        raw = yaml.safe_load(io.read_text(path)) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: top level must be a mapping")
+    where = f" (extended by {_chain[-1]})" if _chain else ""
+    raw = read_yaml_mapping(path, "config file", where)
     parent = raw.pop("extends", None)
     grid = raw.pop("grid", None) or {}
     if not isinstance(grid, dict):
