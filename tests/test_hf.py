@@ -169,7 +169,7 @@ def test_minilm_fine_tunes_through_the_trainer_and_exports(real_subset, tmp_path
         (small / f"{split}.tsv").write_text("\n".join(lines[: rows + 1]) + "\n", encoding="utf-8")
     data = str(tmp_path / "prepared")
     prepro.run(PreproConfig(data_source=str(small), data_dir=data, tokenizer="hf",
-                            tokenizer_path=MINILM, max_len=64))  # fmt: skip
+                            tokenizer_path=MINILM, max_len=32))  # fmt: skip
     run = str(tmp_path / "minilm")
     train.run(
         TrainConfig(
