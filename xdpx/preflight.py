@@ -160,6 +160,8 @@ def check(section: str, cfg: Any) -> Any:
             resolve_checkpoint(cfg.resume_from)
         if cfg.pretrained_model:
             _must_resolve(section, "pretrained_model", cfg.pretrained_model)
+        if cfg.distill_from:
+            _must_exist(section, "distill_from", cfg.distill_from, "predict.distill=true output")
         previous = run_markers_in(cfg.save_dir)
         if previous and cfg.auto_suffix:
             fresh = free_run_dir(cfg.save_dir)

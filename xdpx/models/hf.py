@@ -195,6 +195,11 @@ class HFClassifier(nn.Module):
         """True for parameters of the newly created classification head."""
         return name.removeprefix("hf.").startswith(HEAD_PREFIXES)
 
+    def get_input_embeddings(self) -> nn.Module:
+        """The word embeddings (before position/type embeddings are added): FreeLB perturbs
+        their output, as the official FreeLB code does (``xdpx.adversarial``)."""
+        return self.hf.get_input_embeddings()
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Args: input_ids ``[batch, seq_len]`` int64. Returns: logits ``[batch, num_labels]``."""
         mask = input_ids != self.pad_id
