@@ -280,3 +280,28 @@ def test_freelb_under_ddp_equals_one_process(real_subset, tmp_path):
     a, b = (pd.read_csv(r / "train.log.tsv", sep="\t") for r in (single, ddp))
     np.testing.assert_allclose(b["grad_norm"], a["grad_norm"], rtol=1e-4)
     assert (a["grad_norm"] > 0).all()
+
+
+def test_freelb_trains_hf_classifier_through_its_word_embeddings(real_subset, tmp_path):
+    """A tiny randomly initialised BERT: the hook sits on the word embeddings, training runs."""
+    _, prepared = real_subset
+    tiny = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}
+    trainer = make_trainer(
+        prepared,
+        str(tmp_path / "run"),
+        model="hf_classifier",
+        hf_config={**tiny, "intermediate_size": 64, "max_position_embeddings": 160},
+        adv="freelb",
+        max_update=4,
+        log_interval=1,
+        eval_interval=1000,
+        learning_rate=1e-3,
+        batch_size=16,
+    )
+    assert trainer.freelb.embedding is trainer.module.hf.bert.embeddings.word_embeddings
+    init = params_of(trainer)
+    trainer.fit()
+    log = pd.read_csv(tmp_path / "run" / "train.log.tsv", sep="\t")
+    assert len(log) == 4 and np.isfinite(log[["loss", "grad_norm"]].to_numpy()).all()
+    after = params_of(trainer)
+    assert max((after[k] - init[k]).abs().max().item() for k in init) > 1e-4
