@@ -15,15 +15,17 @@ Nothing is ever downloaded from a model hub: ``local_files_only`` everywhere.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.resources
 import logging
 import os
 import shutil
+from collections.abc import Iterator
 
 from xdpx import io
 
-__all__ = ["PKG_PREFIX", "resolve_pretrained"]
+__all__ = ["PKG_PREFIX", "quiet_transformers", "resolve_pretrained"]
 
 log = logging.getLogger("xdpx.pretrained")
 
@@ -82,3 +84,20 @@ def resolve_pretrained(path: str) -> str:
     shutil.rmtree(target, ignore_errors=True)
     os.replace(tmp, target)
     return target
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Silence transformers' own logger below ERROR inside the block, then restore it.
+
+    Loading a local model or tokenizer otherwise prints notices xdpx reports itself (missing
+    keys go to ``loading_info.json``; long sequences are counted as truncated by prepro).
+    """
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
