@@ -32,7 +32,7 @@ test: install
 lint: install
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
-bench: install  ## baseline vs the demo's accuracy; speed ratios: Trainer vs bare loop, prepro and fine-tuning vs transformers
+bench: install  ## baseline vs the demo's accuracy; speed ratios: Trainer vs bare loop, prepro vs the fast tokenizer, fine-tuning vs transformers.Trainer
 	$(PY) bench/baseline.py --metrics reports/metrics.json
 	$(PY) bench/trainer_overhead.py
 	$(PY) bench/tokenize_throughput.py

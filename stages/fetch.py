@@ -143,6 +143,7 @@ def _tsv(rows: list[tuple[str, str]]) -> str:
     return "text\tlabel\n" + "".join(f"{text}\t{label}\n" for text, label in rows)
 
 
+@io.stage("fetch")
 def run(cfg: FetchConfig) -> FetchResult:
     """Materialise the corpus into ``cfg.out_dir`` as stratified train/dev/test TSV files.
 

@@ -3,7 +3,10 @@
 The file is read and encoded exactly as prepro did for training (format,
 columns, tokenizer, vocab, max_len come from the checkpoint's ``meta.json``).
 Output TSV columns: the input columns (``concat_origin``), then ``pred_label``
-and one ``prob_<label>`` column per class (usable as distillation targets).
+and one ``prob_<label>`` column per class. With ``distill=true`` the output is
+a teacher file for ``train.distill_from`` (see :mod:`xdpx.distill`): ``id``
+and the text column(s) first, csv quoting, and ``prob_<label>`` plus
+``logit_<label>`` at full float32 precision.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from xdpx import io, preflight
 from xdpx.checkpoint import load_checkpoint
 from xdpx.config import PredictConfig, PreproConfig
 from xdpx.data import DataError, Encoder, read_examples
-from xdpx.inference import as_samples, format_probs, predict_probs
+from xdpx.distill import teacher_rows
+from xdpx.inference import as_samples, format_probs, predict_logits, probs_from_logits
 from xdpx.stage import stage_main
 
 log = logging.getLogger("xdpx.predict")
@@ -32,6 +36,7 @@ class PredictResult(BaseModel):
     label_counts: dict[str, int]
 
 
+@io.stage("predict")
 def run(cfg: PredictConfig) -> PredictResult:
     """Predict every line of ``cfg.data_file`` with ``cfg.checkpoint``; write ``cfg.out_file``.
 
@@ -49,18 +54,33 @@ def run(cfg: PredictConfig) -> PredictResult:
     if len(data.texts) == 0:
         raise DataError(f"{cfg.data_file}: no rows to predict")
     seqs = as_samples(*encoder.encode_inputs(data.texts, data.texts2))  # pairs: both texts
-    probs = predict_probs(ckpt.model, seqs, cfg.batch_size, encoder.pad_id)
+    logits = predict_logits(ckpt.model, seqs, cfg.batch_size, encoder.pad_id)
+    probs = probs_from_logits(logits)
     labels = encoder.labels
+    counts = dict.fromkeys(labels, 0)
+    for p in probs:
+        counts[labels[int(p.argmax())]] += 1
+    if cfg.distill:
+        text_columns = [prepro.text_column] + ([prepro.text2_column] if prepro.text2_column else [])
+        texts = [data.texts] + ([data.texts2] if data.texts2 is not None else [])
+        extra = (
+            {c: [r.get(c, "") for r in data.rows] for c in data.columns if c not in text_columns}
+            if cfg.concat_origin
+            else None
+        )
+        io.write_text(cfg.out_file, teacher_rows(text_columns, texts, labels, logits, probs, extra))
+        log.info("teacher file: %d rows -> %s (%s)", len(probs), cfg.out_file, counts)
+        return PredictResult(
+            out_file=cfg.out_file, rows=len(probs), skipped=data.skipped, label_counts=counts
+        )
     columns = (
         (list(data.columns) if cfg.concat_origin else [])
         + ["pred_label"]
         + [f"prob_{lab}" for lab in labels]
     )
     lines = ["\t".join(columns)] if cfg.header else []
-    counts = dict.fromkeys(labels, 0)
     for i, p in enumerate(probs):
         pred = labels[int(p.argmax())]
-        counts[pred] += 1
         origin = [data.rows[i].get(c, "") for c in data.columns] if cfg.concat_origin else []
         lines.append("\t".join(origin + [pred] + format_probs(p)))
     io.write_text(cfg.out_file, "\n".join(lines) + "\n")

@@ -141,6 +141,7 @@ def _encode_split(
     return ids, ids2, max_seen, truncated
 
 
+@io.stage("prepro")
 def run(cfg: PreproConfig) -> PreproResult:
     """Prepare every split of ``cfg.data_files``; see the module docstring for the outputs.
 
@@ -207,7 +208,7 @@ def run(cfg: PreproConfig) -> PreproResult:
         io.write_text(
             io.join(tmp, META_FILE), json.dumps(meta, indent=2, ensure_ascii=False) + "\n"
         )
-        io.replace_dir(tmp, final)
+        io.replace_dir(tmp, final, marker=META_FILE)
     except BaseException:
         with contextlib.suppress(Exception):  # keep the original error
             io.rm(tmp, recursive=True)

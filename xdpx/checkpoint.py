@@ -21,7 +21,10 @@ training state a bit-exact resume needs (``TRAINING_FILES``)::
                         (plain tensors and containers: ``torch.load(weights_only=True)``)
 
 A directory is written beside its destination and renamed into place, so a
-crash while saving leaves the previous complete checkpoint.
+crash while saving leaves the previous complete checkpoint. On an object store
+(``oss://``, ``s3://``) the directory is staged locally and uploaded with
+``manifest.json`` last (``xdpx.io.replace_dir``): a remote checkpoint counts only
+once its manifest is there, and every file is checked against it on load.
 """
 
 from __future__ import annotations
@@ -87,7 +90,10 @@ def resolve_checkpoint(path: str) -> str:
     head, _, tail = path.rpartition("/")
     if tail in ALIASES:
         path = io.join(head, ALIASES[tail]) if head else ALIASES[tail]
-    for name in ("model.safetensors", "config.json"):
+    required = ("model.safetensors", "config.json")
+    if io.is_remote(path):  # the manifest is uploaded last: without it the upload did not finish
+        required += (MANIFEST,)
+    for name in required:
         if not io.exists(io.join(path, name)):
             raise CheckpointError(f"checkpoint {path!r} is incomplete or missing: no {name}")
     return path
@@ -132,7 +138,7 @@ def save_checkpoint(
         files[MANIFEST] = json.dumps(manifest, indent=2).encode()
         for n, b in files.items():
             io.write_bytes(io.join(tmp, n), b)
-        io.replace_dir(tmp, path)
+        io.replace_dir(tmp, path, marker=MANIFEST)
     except BaseException:
         io.rm(tmp, recursive=True)
         raise
@@ -197,11 +203,13 @@ def verify_checkpoint(path: str) -> None:
 def find_resumable(run_dir: str) -> str | None:
     """The newest full checkpoint of a run directory, or None if it has none.
 
-    ``<run_dir>/last`` normally; if a crash hit the instant between the two
-    renames of an atomic replace, the complete previous ``last.old-*`` copy.
+    ``<run_dir>/last`` normally (on an object store only with its ``manifest.json``,
+    uploaded last); if a crash hit the instant between the two renames of a local
+    atomic replace, the complete previous ``last.old-*`` copy.
     """
     last = io.join(run_dir, "last")
-    if io.exists(io.join(last, "trainer_state.json")):
+    markers = ("trainer_state.json", MANIFEST) if io.is_remote(run_dir) else ("trainer_state.json",)
+    if all(io.exists(io.join(last, name)) for name in markers):
         return last
     if io.is_local(run_dir) and os.path.isdir(run_dir):
         olds = sorted(

@@ -19,7 +19,8 @@ from collections.abc import Iterator
 import typer
 
 from xdpx import io as xio
-from xdpx.stage import USER_ERRORS
+from xdpx.errors import RemoteIOError
+from xdpx.stage import EXIT_TEMPFAIL, USER_ERRORS
 
 __all__ = ["app"]
 
@@ -45,12 +46,15 @@ app.add_typer(script_app, name="script")
 
 @contextlib.contextmanager
 def _user_errors() -> Iterator[None]:
-    """Bad input -> one line ``error: ...`` on stderr and exit status 2."""
+    """Bad input -> one line ``error: ...`` on stderr and exit status 2 (75: a remote store kept failing)."""
     try:
         yield
     except USER_ERRORS as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
+    except RemoteIOError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(EXIT_TEMPFAIL) from None
 
 
 # ------------------------------------------------------------------ stages

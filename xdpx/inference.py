@@ -27,6 +27,7 @@ __all__ = [
     "call_model",
     "predict_logits",
     "predict_probs",
+    "probs_from_logits",
     "format_probs",
 ]
 
@@ -133,9 +134,14 @@ def predict_probs(
     device: str | torch.device = "cpu",
 ) -> np.ndarray:
     """Softmax probabilities ``[n, num_labels]`` (float64, rows sum to 1)."""
-    logits = predict_logits(model, seqs, batch_size, pad_id, device).astype(np.float64)
-    logits -= logits.max(axis=1, keepdims=True)
-    e = np.exp(logits)
+    return probs_from_logits(predict_logits(model, seqs, batch_size, pad_id, device))
+
+
+def probs_from_logits(logits: np.ndarray) -> np.ndarray:
+    """Row-wise softmax of ``[n, num_labels]`` logits, in float64 (rows sum to 1)."""
+    z = logits.astype(np.float64)
+    z -= z.max(axis=1, keepdims=True)
+    e = np.exp(z)
     return e / e.sum(axis=1, keepdims=True)
 
 

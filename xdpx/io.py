@@ -1,29 +1,83 @@
-"""Every access to a user path goes through here: fsspec URLs and atomic writes.
+"""Every access to a user path goes through here: local paths, ``oss://``, ``s3://`` and fsspec URLs.
 
-A path is a local path or any fsspec URL (``memory://``, ``s3://``, ``oss://``
-once the matching filesystem package is installed). Writes are atomic: data
-goes to a temporary sibling first and is moved into place only when complete,
-so a crash never leaves a half-written output under the final name.
+A path is a local path or an fsspec URL: ``oss://bucket/key`` (ossfs), ``s3://bucket/key``
+(s3fs), ``memory://...`` (tests) or any other installed fsspec protocol.
+
+**Writes are atomic.** Local: a temporary sibling is written, fsynced and renamed into
+place. Remote: the bytes are staged in a local temporary file and sent with one PUT (a
+multipart upload above the client's threshold, which the store makes visible only when
+it completes); a failed upload leaves the previous object, never a partial one.
+Directories (:func:`replace_dir`) are staged locally and uploaded file by file with a
+*marker* file (``meta.json``, ``manifest.json``) removed first and uploaded last, so a
+reader who finds the marker finds every file it describes.
+
+**Reads are whole-file.** A remote file is downloaded to a local temporary file (with a
+progress bar from :data:`PROGRESS_BYTES` up) and handed out from there.
+
+**Retries.** On a remote (non-local, non-``memory://``) filesystem every whole-file
+operation (read, write, exists/info, list, delete) is retried as one unit, with
+exponential backoff and full jitter, on transient errors only: HTTP 5xx, throttling
+(429, ``SlowDown``), connection reset/refused/aborted and timeouts. Missing files,
+access denied and other 4xx errors are raised at once. Once the attempts or the time
+budget are spent, :class:`xdpx.errors.RemoteIOError` names the stage (see
+:func:`stage`), the operation and the URL. The client libraries' own request retries
+are switched off so the bounds below are the only ones; knobs (environment):
+
+=========================  =======  ==================================================
+``XDPX_IO_RETRIES``        5        retries after the first attempt (0 = no retry)
+``XDPX_IO_BACKOFF``        0.5      seconds; retry k sleeps U(0, min(MAX, B * 2**(k-1)))
+``XDPX_IO_BACKOFF_MAX``    20       seconds, cap of one sleep
+``XDPX_IO_DEADLINE``       300      seconds after which no new attempt starts
+``XDPX_IO_TIMEOUT``        60       seconds, connect/read timeout of one S3 request (OSS: oss2's 60)
+=========================  =======  ==================================================
+
+(The backoff is "full jitter" from the AWS Architecture Blog, *Exponential Backoff And
+Jitter*, 2015.)
+
+**Credentials** are never part of a path, a config or a log line. ``oss://``:
+``OSS_ACCESS_KEY_ID``, ``OSS_ACCESS_KEY_SECRET``, optional ``OSS_SESSION_TOKEN``, and
+``OSS_ENDPOINT`` (or ``OSS_REGION``, giving ``https://oss-<region>.aliyuncs.com``);
+without the keys in the environment, the ossutil configuration file
+(``OSSUTIL_CONFIG_FILE``, default ``~/.ossutilconfig``; profile ``OSSUTIL_PROFILE``,
+default ``[default]``, or ossutil 1.x's ``[Credentials]``). ``s3://``: botocore's
+standard chain (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``,
+``AWS_PROFILE`` with ``~/.aws/credentials``, instance roles) and ``AWS_ENDPOINT_URL_S3``
+/ ``AWS_ENDPOINT_URL`` for S3-compatible stores. They are read when a filesystem is first
+needed, passed to it as storage options (one cached instance per protocol and settings)
+and masked (``***``) in every error message xdpx raises. A URL with credentials in it
+(``s3://KEY:SECRET@bucket``) is refused.
 """
 
 from __future__ import annotations
 
+import configparser
 import contextlib
+import contextvars
+import errno
 import hashlib
+import logging
 import os
+import random
 import shutil
 import tempfile
+import threading
+import time
 import uuid
-from collections.abc import Iterator
-from typing import IO, Any
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import IO, Any, TypeVar
 
 import fsspec
-from fsspec.core import url_to_fs
+from fsspec.callbacks import TqdmCallback
+from fsspec.core import split_protocol, url_to_fs
 from tqdm.auto import tqdm
+
+from xdpx.errors import RemoteIOError
 
 __all__ = [
     "fs_of",
     "is_local",
+    "is_remote",
     "exists",
     "isdir",
     "isfile",
@@ -40,27 +94,505 @@ __all__ = [
     "ls",
     "rm",
     "replace_dir",
+    "tmp_sibling",
     "size",
     "md5",
     "copy",
     "copytree",
     "move",
+    "download_dir",
+    "cache_dir",
+    "DirMirror",
+    "RetryPolicy",
+    "stage",
+    "retry",
+    "is_transient",
 ]
 
-_open = open  # the builtin, for local temp files
+log = logging.getLogger("xdpx.io")
+T = TypeVar("T")
+
+_open = open  # the builtin, for local files
+
+#: Chunk size of streamed copies and checksums (bytes).
+CHUNK = 8 * 1024 * 1024
+#: Transfers from this size up show a progress bar (bytes).
+PROGRESS_BYTES = 32 * 1024 * 1024
+#: Protocols that take credentials from the environment / a profile file.
+CREDENTIAL_PROTOCOLS = ("s3", "oss")
+
+
+# ---------------------------------------------------------------- stage name (for errors)
+_STAGE: contextvars.ContextVar[str | None] = contextvars.ContextVar("xdpx_stage", default=None)
+
+
+@contextlib.contextmanager
+def stage(name: str) -> Iterator[None]:
+    """Name the stage running inside this block (or decorated function) in remote IO errors.
+
+    ``@io.stage("train")`` on a stage's ``run`` makes every :class:`RemoteIOError`
+    raised under it start with ``train: ``.
+    """
+    token = _STAGE.set(name)
+    try:
+        yield
+    finally:
+        _STAGE.reset(token)
+
+
+# ---------------------------------------------------------------- retries
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounds of the retries of one remote operation (see the module docstring).
+
+    Attributes:
+        retries: retries after the first attempt.
+        backoff: base of the exponential backoff (seconds).
+        backoff_max: cap of one sleep (seconds).
+        deadline: no attempt starts later than this after the first one (seconds).
+        timeout: connect/read timeout of one S3 request (seconds), given to botocore.
+    """
+
+    retries: int = 5
+    backoff: float = 0.5
+    backoff_max: float = 20.0
+    deadline: float = 300.0
+    timeout: float = 60.0
+
+    @classmethod
+    def from_env(cls) -> RetryPolicy:
+        """The policy from ``XDPX_IO_*`` environment variables (defaults above).
+
+        Raises:
+            ValueError: a variable is not a number or is negative (names it).
+        """
+        values: dict[str, Any] = {}
+        for name, key, kind in (
+            ("XDPX_IO_RETRIES", "retries", int),
+            ("XDPX_IO_BACKOFF", "backoff", float),
+            ("XDPX_IO_BACKOFF_MAX", "backoff_max", float),
+            ("XDPX_IO_DEADLINE", "deadline", float),
+            ("XDPX_IO_TIMEOUT", "timeout", float),
+        ):
+            raw = os.environ.get(name)
+            if raw is None or raw == "":
+                continue
+            try:
+                value = kind(raw)
+            except ValueError:
+                raise ValueError(f"{name}={raw!r}: expected a {kind.__name__}") from None
+            if value < 0:
+                raise ValueError(f"{name}={raw!r}: must be >= 0")
+            values[key] = value
+        return cls(**values)
+
+    def delay(self, retry: int) -> float:
+        """Seconds to sleep before retry number ``retry`` (1-based): full jitter."""
+        return random.uniform(0.0, min(self.backoff_max, self.backoff * 2 ** (retry - 1)))
+
+
+#: Exception class names (anywhere in the MRO) that mean "the connection failed, try again":
+#: botocore, aiohttp, requests/urllib3, http.client, fsspec and oss2 (``RequestError``).
+_TRANSIENT_CLASSES = frozenset(
+    {
+        "EndpointConnectionError",
+        "ConnectionClosedError",
+        "ReadTimeoutError",
+        "ConnectTimeoutError",
+        "HTTPClientError",
+        "ResponseStreamingError",
+        "IncompleteReadError",
+        "ClientConnectionError",
+        "ClientPayloadError",
+        "ServerDisconnectedError",
+        "ServerTimeoutError",
+        "ChunkedEncodingError",
+        "ProtocolError",
+        "NewConnectionError",
+        "ReadTimeout",
+        "ConnectTimeout",
+        "IncompleteRead",
+        "RemoteDisconnected",
+        "FSTimeoutError",
+        "RequestError",
+    }
+)
+#: Error codes of throttling / temporary unavailability (S3 and OSS), whatever the status.
+_TRANSIENT_CODES = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "RequestLimitExceeded",
+        "TooManyRequests",
+        "RequestTimeout",
+        "ServiceUnavailable",
+        "InternalError",
+        "ServerBusy",
+        "QpsLimitExceeded",
+    }
+)
+_TRANSIENT_ERRNOS = frozenset(
+    getattr(errno, n)
+    for n in (
+        "ECONNRESET",
+        "ECONNREFUSED",
+        "ECONNABORTED",
+        "ETIMEDOUT",
+        "EPIPE",
+        "EBUSY",
+        "EREMOTEIO",
+    )
+    if hasattr(errno, n)
+)
+#: Errors that are never transient, whatever caused them.
+_PERMANENT = (
+    FileNotFoundError,
+    PermissionError,
+    IsADirectoryError,
+    NotADirectoryError,
+    FileExistsError,
+)
+
+
+def _http_status_and_code(exc: BaseException) -> tuple[int | None, str | None]:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):  # botocore ClientError
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return (int(status) if status else None), response.get("Error", {}).get("Code")
+    status = getattr(exc, "status", None)  # oss2 OssError
+    if isinstance(status, int) and status > 0:
+        code = getattr(exc, "code", None) or (getattr(exc, "details", None) or {}).get("Code")
+        return status, code
+    return None, None
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True when ``exc`` (or an exception in its cause/context chain) is worth retrying.
+
+    Transient: HTTP 5xx or 429, throttling codes (``SlowDown``, ``Throttling``, ...),
+    connection reset/refused/aborted, timeouts, truncated responses. Never transient:
+    ``FileNotFoundError``, ``PermissionError`` and the other "this path is wrong" errors,
+    and every other 4xx.
+    """
+    if isinstance(exc, _PERMANENT):
+        return False
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if isinstance(link, (ConnectionError, TimeoutError)):
+            return True
+        if any(c.__name__ in _TRANSIENT_CLASSES for c in type(link).__mro__):
+            return True
+        status, code = _http_status_and_code(link)
+        if status is not None or code is not None:
+            return (status is not None and (status >= 500 or status == 429)) or (
+                code in _TRANSIENT_CODES
+            )
+        if isinstance(link, OSError) and link.errno in _TRANSIENT_ERRNOS:
+            return True
+        link = link.__cause__ or link.__context__
+    return False
+
+
+def retry(op: str, url: str, fn: Callable[[], T], policy: RetryPolicy | None = None) -> T:
+    """Run ``fn()`` (one whole, idempotent operation on ``url``), retrying transient errors.
+
+    Args:
+        op: what ``fn`` does, for messages (``"read"``, ``"write"``, ``"list"``, ...).
+        url: the path it works on (named in the error).
+        fn: the operation; it must be safe to run again after a failure.
+        policy: bounds; default :meth:`RetryPolicy.from_env`.
+
+    Returns:
+        What ``fn`` returns.
+
+    Raises:
+        RemoteIOError: a transient error persisted through every attempt or past the
+            deadline; the message names the stage (if known), ``op``, ``url``, the attempts
+            and the last error (credentials masked).
+        Exception: a non-transient error from ``fn``, unchanged.
+    """
+    policy = policy or RetryPolicy.from_env()
+    start = time.monotonic()
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return fn()
+        except Exception as e:
+            if not is_transient(e):
+                raise
+            elapsed = time.monotonic() - start
+            delay = policy.delay(attempt)
+            if attempt > policy.retries or elapsed + delay > policy.deadline:
+                where = _STAGE.get()
+                message = _redact(
+                    f"{where + ': ' if where else ''}{op} {url} failed after {attempt} "
+                    f"attempt{'s' if attempt > 1 else ''} in {elapsed:.1f} s: "
+                    f"{type(e).__name__}: {_first_line(e)}"
+                )
+                err = RemoteIOError(message)
+                err.url, err.operation, err.stage = url, op, where
+                raise err from None
+            log.info(
+                "%s %s: %s; retry %d/%d in %.2f s",
+                op,
+                url,
+                _redact(f"{type(e).__name__}: {_first_line(e)}"),
+                attempt,
+                policy.retries,
+                delay,
+            )
+            time.sleep(delay)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or repr(exc)
+    return text.splitlines()[0][:500]
+
+
+# ---------------------------------------------------------------- credentials
+@dataclass(frozen=True)
+class _Settings:
+    """Storage options of one protocol; ``repr`` shows no value (credentials inside)."""
+
+    protocol: str
+    options: dict[str, Any] = field(repr=False, compare=False)
+    secrets: tuple[str, ...] = field(repr=False, compare=False)
+    fingerprint: str = field(repr=False)
+
+
+_LOCK = threading.Lock()
+_FILESYSTEMS: dict[tuple[str, str], fsspec.AbstractFileSystem] = {}
+_THREAD = threading.local()
+_SECRETS: set[str] = set()
+
+
+def _redact(text: str) -> str:
+    """``text`` with every credential value xdpx has seen (env, profile) replaced by ``***``."""
+    values = set(_SECRETS)
+    for name in (
+        "OSS_ACCESS_KEY_ID",
+        "OSS_ACCESS_KEY_SECRET",
+        "OSS_SESSION_TOKEN",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+    ):
+        if os.environ.get(name):
+            values.add(os.environ[name])
+    for value in sorted(values, key=len, reverse=True):
+        if len(value) >= 4:
+            text = text.replace(value, "***")
+    return text
+
+
+def _ossutil_profile() -> dict[str, str]:
+    """Settings of the ossutil profile in use; keys normalised (``accesskeyid``, ``endpoint``, ...).
+
+    File: ``OSSUTIL_CONFIG_FILE`` or ``~/.ossutilconfig`` (INI). Section: ``OSSUTIL_PROFILE``
+    (``[profile NAME]`` or ``[NAME]``), else ``[default]``, else ossutil 1.x's ``[Credentials]``.
+    Key names are case-insensitive and may use ``-``/``_`` (``access-key-id``, ``accessKeyID``).
+
+    Raises:
+        ValueError: the file cannot be parsed, or the requested profile is missing.
+    """
+    path = os.path.expanduser(os.environ.get("OSSUTIL_CONFIG_FILE") or "~/.ossutilconfig")
+    if not os.path.isfile(path):
+        return {}
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        parser.read(path, encoding="utf-8")
+    except configparser.Error as e:
+        raise ValueError(f"{path}: not a valid ossutil config file ({type(e).__name__})") from None
+    sections = {s.lower(): s for s in parser.sections()}
+    wanted = os.environ.get("OSSUTIL_PROFILE")
+    names = (
+        [f"profile {wanted}", wanted] if wanted else ["default", "profile default", "credentials"]
+    )
+    for name in names:
+        if name and name.lower() in sections:
+            items = parser[sections[name.lower()]]
+            return {
+                k.replace("-", "").replace("_", "").lower(): v.strip() for k, v in items.items()
+            }
+    if wanted:
+        raise ValueError(f"{path}: no profile {wanted!r} (OSSUTIL_PROFILE)")
+    return {}
+
+
+def _oss_settings() -> tuple[dict[str, Any], tuple[str, ...]]:
+    env = os.environ
+    complete = env.get("OSS_ACCESS_KEY_ID") and env.get("OSS_ACCESS_KEY_SECRET")
+    complete = complete and (env.get("OSS_ENDPOINT") or env.get("OSS_REGION"))
+    profile = {} if complete else _ossutil_profile()  # the environment wins, value by value
+    key = env.get("OSS_ACCESS_KEY_ID") or profile.get("accesskeyid")
+    secret = env.get("OSS_ACCESS_KEY_SECRET") or profile.get("accesskeysecret")
+    token = (
+        env.get("OSS_SESSION_TOKEN")
+        or env.get("OSS_SECURITY_TOKEN")
+        or profile.get("ststoken")
+        or profile.get("sessiontoken")
+    )
+    endpoint = env.get("OSS_ENDPOINT") or profile.get("endpoint")
+    region = env.get("OSS_REGION") or profile.get("region")
+    if not endpoint and region:
+        endpoint = f"https://oss-{region}.aliyuncs.com"
+    if not endpoint:
+        raise ValueError(
+            "oss:// paths need an endpoint: set OSS_ENDPOINT (e.g. https://oss-cn-hangzhou.aliyuncs.com) "
+            "or OSS_REGION, or endpoint= in ~/.ossutilconfig"
+        )
+    options: dict[str, Any] = {"endpoint": endpoint}
+    if key and secret:
+        options.update(key=key, secret=secret)
+        if token:
+            options["token"] = token
+    return options, tuple(v for v in (key, secret, token) if v)
+
+
+def _s3_settings(timeout: float) -> tuple[dict[str, Any], tuple[str, ...]]:
+    env = os.environ
+    options: dict[str, Any] = {
+        "config_kwargs": {
+            "retries": {"total_max_attempts": 1},  # xdpx.io retries whole operations
+            "connect_timeout": timeout,
+            "read_timeout": timeout,
+        }
+    }
+    key, secret, token = (
+        env.get("AWS_ACCESS_KEY_ID"),
+        env.get("AWS_SECRET_ACCESS_KEY"),
+        env.get("AWS_SESSION_TOKEN"),
+    )
+    if key and secret:
+        options.update(key=key, secret=secret)
+        if token:
+            options["token"] = token
+    elif env.get("AWS_PROFILE"):
+        options["profile"] = env["AWS_PROFILE"]
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        options["endpoint_url"] = endpoint
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    if region:
+        options["client_kwargs"] = {"region_name": region}
+    return options, tuple(v for v in (key, secret, token) if v)
+
+
+def _settings(protocol: str) -> _Settings:
+    timeout = RetryPolicy.from_env().timeout
+    if protocol == "oss":
+        options, secrets = _oss_settings()
+    else:
+        options, secrets = _s3_settings(timeout)
+    digest = hashlib.sha256(repr(sorted(options.items())).encode()).hexdigest()
+    return _Settings(protocol, options, secrets, digest)
+
+
+def _remote_fs(protocol: str) -> fsspec.AbstractFileSystem:
+    """The cached filesystem of ``protocol`` (``s3`` or ``oss``) for the current settings.
+
+    s3fs runs without a listings cache (another writer's objects show at once). ossfs
+    needs its listings cache internally, so it gets one instance per thread whose cache
+    :func:`_call` clears before every attempt.
+    """
+    settings = _settings(protocol)
+    if protocol == "oss":  # one per thread (freed with it): ossfs's listing cache is not shared
+        cache = _THREAD.__dict__.setdefault("filesystems", {})
+    else:
+        cache = _FILESYSTEMS
+    with _LOCK:
+        fs = cache.get((protocol, settings.fingerprint))
+        if fs is None:
+            _SECRETS.update(settings.secrets)
+            cls = fsspec.get_filesystem_class(protocol)
+            if protocol == "s3":
+                fs = cls(**settings.options, skip_instance_cache=True, use_listings_cache=False)
+                fs.retries = 1  # s3fs's own retry loop; xdpx.io retries whole operations
+            else:
+                fs = cls(**settings.options, skip_instance_cache=True)
+            cache[(protocol, settings.fingerprint)] = fs
+    return fs
+
+
+def _check_url(path: str) -> None:
+    protocol, rest = split_protocol(path)
+    if protocol in CREDENTIAL_PROTOCOLS or protocol == "s3a":
+        netloc = rest.split("/", 1)[0]
+        if "@" in netloc:
+            raise ValueError(
+                f"{protocol}://***@{netloc.rsplit('@', 1)[1]}/...: credentials in a URL are refused "
+                "(they would end up in params dumps and logs); set them in the environment or "
+                "a profile file (see the README, 'Remote paths')"
+            )
 
 
 def fs_of(path: str) -> tuple[fsspec.AbstractFileSystem, str]:
-    """The fsspec filesystem of ``path`` and the path inside it."""
-    return url_to_fs(str(path))
+    """The fsspec filesystem of ``path`` and the path inside it.
+
+    ``oss://`` and ``s3://`` get the cached, credentialed filesystem of this module
+    (see the module docstring); other URLs go through ``fsspec.core.url_to_fs``.
+
+    Raises:
+        ValueError: a URL with credentials in it, or ``oss://`` without an endpoint.
+    """
+    path = str(path)
+    protocol, _ = split_protocol(path)
+    if protocol in ("s3", "s3a", "oss"):
+        _check_url(path)
+        fs = _remote_fs("oss" if protocol == "oss" else "s3")
+        return fs, fs._strip_protocol(path)
+    return url_to_fs(path)
+
+
+def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
+    return fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
 
 
 def is_local(path: str) -> bool:
     """True for plain paths and ``file://`` URLs."""
+    protocol, _ = split_protocol(str(path))
+    return protocol in (None, "file", "local")
+
+
+def is_remote(path: str) -> bool:
+    """True for object-store URLs (anything but local paths and ``memory://``): retried IO."""
+    protocol, _ = split_protocol(str(path))
+    return protocol not in (None, "file", "local", "memory")
+
+
+def _call(op: str, path: str, fn: Callable[[], T]) -> T:
+    """``fn()``, retried when ``path`` is remote; local and ``memory://`` IO is not retried.
+
+    Each remote attempt starts with the filesystem's listing cache cleared, so it sees
+    the store as it is now (other writers, earlier failed attempts).
+    """
+    if not is_remote(path):
+        return fn()
     fs, _ = fs_of(path)
-    return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+
+    def attempt() -> T:
+        fs.invalidate_cache()
+        return fn()
+
+    return retry(op, str(path), attempt)
 
 
+def _url(path: str, name: str) -> str:
+    """``name`` (a path inside the filesystem of ``path``) in the form of ``path``."""
+    protocol, _ = split_protocol(str(path))
+    if protocol is None:
+        return name
+    name = str(name)
+    if name.startswith(f"{protocol}://"):
+        return name
+    return f"{protocol}://{name.lstrip('/')}"
+
+
+# ---------------------------------------------------------------- paths
 def join(base: str, *parts: str) -> str:
     """Join path parts with ``/`` (works for local paths and URLs)."""
     out = str(base).rstrip("/")
@@ -75,56 +607,204 @@ def dirname(path: str) -> str:
     return head if sep else "."
 
 
-def exists(path: str) -> bool:
+def _info(path: str) -> dict[str, Any] | None:
+    """``fs.info`` of ``path`` (retried), or None when it does not exist."""
     fs, p = fs_of(path)
-    return fs.exists(p)
+    if is_local(path):
+        return fs.info(p) if fs.exists(p) else None
+
+    def attempt() -> dict[str, Any] | None:
+        try:
+            return fs.info(p)
+        except FileNotFoundError:
+            return None
+
+    return _call("stat", path, attempt)
+
+
+def exists(path: str) -> bool:
+    """Whether a file or directory exists at ``path``.
+
+    Raises:
+        RemoteIOError: the store kept failing (a remote path is never reported missing
+            because of a transient error).
+    """
+    return _info(path) is not None
 
 
 def isdir(path: str) -> bool:
-    fs, p = fs_of(path)
-    return fs.isdir(p)
+    """Whether ``path`` is a directory (a key prefix on object stores)."""
+    info = _info(path)
+    return info is not None and info.get("type") == "directory"
 
 
 def isfile(path: str) -> bool:
-    fs, p = fs_of(path)
-    return fs.isfile(p)
+    """Whether ``path`` is a file (an object on object stores)."""
+    info = _info(path)
+    return info is not None and info.get("type") == "file"
 
 
 def makedirs(path: str) -> None:
+    """Create a local directory and its parents; a no-op on object stores (no directories)."""
+    if is_remote(path):
+        fs_of(path)  # validate the URL / settings early
+        return
     fs, p = fs_of(path)
     fs.makedirs(p, exist_ok=True)
 
 
-def open(path: str, mode: str = "rb", **kwargs: Any) -> IO:  # noqa: A001 - mirrors builtins.open
-    """Open a path for reading. Use :func:`open_atomic` for writing."""
+# ---------------------------------------------------------------- temporary files
+def cache_dir(*parts: str) -> str:
+    """A local directory (created) under xdpx's cache: ``$XDPX_CACHE`` or ``~/.cache/xdpx``
+    (the root :mod:`xdpx.pretrained` uses too)."""
+    root = os.environ.get("XDPX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "xdpx")
+    path = os.path.join(root, *parts)
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def _local_tmp(prefix: str) -> str:
+    """A new empty local file for staging a transfer; the caller removes it."""
+    fd, tmp = tempfile.mkstemp(prefix=prefix, dir=cache_dir("tmp"))
+    os.close(fd)
+    return tmp
+
+
+def _progress(total: int, desc: str, progress: bool | None) -> TqdmCallback:
+    show = total >= PROGRESS_BYTES if progress is None else progress
+    return TqdmCallback(
+        tqdm_kwargs={
+            "desc": desc,
+            "unit": "B",
+            "unit_scale": True,
+            "unit_divisor": 1024,
+            "leave": False,
+            "disable": not show,
+        }
+    )
+
+
+# ---------------------------------------------------------------- reading
+def _download(path: str, local: str, progress: bool | None = None) -> None:
+    """Copy the remote file ``path`` to the local file ``local`` (retried as a whole)."""
+    fs, p = fs_of(path)
+
+    def attempt() -> None:
+        info = fs.info(p)
+        if info.get("type") != "file":
+            raise IsADirectoryError(f"{path} is a directory, not a file")
+        callback = _progress(int(info.get("size") or 0), path.rsplit("/", 1)[-1], progress)
+        try:
+            fs.get_file(p, local, callback=callback)
+        finally:
+            callback.close()
+        got = os.path.getsize(local)
+        if info.get("size") is not None and got != int(info["size"]):
+            raise ConnectionResetError(f"short read: {got} of {info['size']} bytes")
+
+    _call("read", path, attempt)
+
+
+def open(path: str, mode: str = "rb", progress: bool | None = None, **kwargs: Any) -> IO:  # noqa: A001 - mirrors builtins.open
+    """Open a path for reading. Use :func:`open_atomic` for writing.
+
+    A remote file is first downloaded whole (retried as a unit) to an anonymous local
+    temporary file, which the returned object reads.
+
+    Args:
+        path: local path or URL.
+        mode: ``"rb"`` or ``"r"`` (text; ``encoding`` defaults to utf-8).
+        progress: force the progress bar on/off (default: on from :data:`PROGRESS_BYTES`).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        RemoteIOError: the store kept failing.
+        ValueError: a write mode.
+    """
     if any(c in mode for c in "wax+"):
         raise ValueError("io.open is for reading; write with io.open_atomic (atomic replace)")
-    return fsspec.open(str(path), mode, **kwargs).open()
+    path = str(path)
+    if not is_remote(path):
+        return fsspec.open(path, mode, **kwargs).open()
+    tmp = _local_tmp("xdpx-read-")
+    try:
+        try:
+            _download(path, tmp, progress)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{path} not found") from None
+        f = _open(tmp, "rb")
+    finally:
+        os.unlink(tmp)  # the open handle keeps the data (POSIX)
+    if "b" in mode:
+        return f
+    import io as _pyio
+
+    return _pyio.TextIOWrapper(
+        f, encoding=kwargs.get("encoding") or "utf-8", newline=kwargs.get("newline")
+    )
+
+
+def read_text(path: str, encoding: str = "utf-8") -> str:
+    """The whole file decoded (remote: one retried download)."""
+    with open(path, "rb") as f:
+        return f.read().decode(encoding)
+
+
+def read_bytes(path: str) -> bytes:
+    """The whole file (remote: one retried download)."""
+    with open(path, "rb") as f:
+        return f.read()
+
+
+# ---------------------------------------------------------------- writing
+def _upload(local: str, path: str, progress: bool | None = None) -> None:
+    """Send the local file ``local`` to ``path`` in one PUT / completed multipart (retried whole)."""
+    fs, p = fs_of(path)
+    total = os.path.getsize(local)
+
+    def attempt() -> None:
+        callback = _progress(total, path.rsplit("/", 1)[-1], progress)
+        try:
+            fs.put_file(local, p, callback=callback)
+        finally:
+            callback.close()
+
+    _call("write", path, attempt)
 
 
 @contextlib.contextmanager
-def open_atomic(path: str, mode: str = "wb", encoding: str | None = None) -> Iterator[IO]:
-    """Write ``path`` atomically: a temp sibling is written, then moved into place.
+def open_atomic(
+    path: str, mode: str = "wb", encoding: str | None = None, progress: bool | None = None
+) -> Iterator[IO]:
+    """Write ``path`` atomically; on any exception ``path`` is left as it was.
 
-    On any exception the temp file is removed and ``path`` is left as it was.
+    Local: a temp sibling is written, fsynced and renamed into place. Remote (and
+    ``memory://``): the bytes go to a local temp file, which is uploaded when the block
+    ends, in one PUT or a multipart upload the store completes only at the end (retried
+    as a whole on transient errors), so no reader ever sees a partial object.
 
     Args:
-        path: destination (local or fsspec URL); parent directories are created.
+        path: destination (local or fsspec URL); local parent directories are created.
         mode: ``"wb"`` or ``"w"``.
         encoding: text encoding for ``"w"`` (default utf-8).
+        progress: force the upload progress bar on/off (default: on from :data:`PROGRESS_BYTES`).
+
+    Raises:
+        RemoteIOError: the upload kept failing (the remote object is unchanged).
     """
     if mode not in ("w", "wb"):
         raise ValueError(f"open_atomic supports 'w' and 'wb', got {mode!r}")
     if mode == "w" and encoding is None:
         encoding = "utf-8"
-    fs, p = fs_of(path)
-    parent = p.rsplit("/", 1)[0] if "/" in p else ""
+    path = str(path)
+    newline = "" if mode == "w" else None
     if is_local(path):
+        _, p = fs_of(path)
         parent = os.path.dirname(os.path.abspath(p))
         os.makedirs(parent, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(p)}.", suffix=".tmp", dir=parent)
         try:
-            with os.fdopen(fd, mode, encoding=encoding, newline="" if mode == "w" else None) as f:
+            with os.fdopen(fd, mode, encoding=encoding, newline=newline) as f:
                 yield f
                 f.flush()
                 os.fsync(f.fileno())
@@ -134,27 +814,15 @@ def open_atomic(path: str, mode: str = "wb", encoding: str | None = None) -> Ite
                 os.unlink(tmp)
             raise
         return
-    if parent:
-        fs.makedirs(parent, exist_ok=True)
-    tmp = f"{parent}/.{p.rsplit('/', 1)[-1]}.{uuid.uuid4().hex}.tmp" if parent else f".{p}.tmp"
+    fs_of(path)  # refuse a bad URL before the caller produces the data
+    tmp = _local_tmp("xdpx-write-")
     try:
-        with fs.open(tmp, mode, encoding=encoding) if mode == "w" else fs.open(tmp, mode) as f:
+        with _open(tmp, mode, encoding=encoding, newline=newline) as f:
             yield f
-        fs.mv(tmp, p)
-    except BaseException:
-        with contextlib.suppress(Exception):
-            fs.rm(tmp)
-        raise
-
-
-def read_text(path: str, encoding: str = "utf-8") -> str:
-    with open(path, "rb") as f:
-        return f.read().decode(encoding)
-
-
-def read_bytes(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
+        _upload(tmp, path, progress)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
 
 
 def write_text(path: str, text: str) -> None:
@@ -169,33 +837,98 @@ def write_bytes(path: str, data: bytes) -> None:
         f.write(data)
 
 
+# ---------------------------------------------------------------- listing / deleting
 def glob(pattern: str) -> list[str]:
     """Sorted matches of a glob, returned in the same form (URL or path) as the pattern."""
     fs, p = fs_of(pattern)
-    hits = sorted(fs.glob(p))
+    hits = sorted(_call("list", pattern, lambda: fs.glob(p)))
     if is_local(pattern):
         return hits
-    proto = str(pattern).split("://", 1)[0]
-    return [f"{proto}://{h.lstrip('/')}" if not h.startswith(f"{proto}://") else h for h in hits]
+    return [_url(pattern, h) for h in hits]
 
 
 def ls(path: str) -> list[str]:
+    """Entries directly under a directory (sorted), in the form of ``path`` (URL or local path).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+    """
     fs, p = fs_of(path)
-    return sorted(fs.ls(p, detail=False))
+    names = sorted(_call("list", path, lambda: fs.ls(p, detail=False)))
+    if is_local(path):
+        return names
+    return [_url(path, n.rstrip("/")) for n in names]
+
+
+def _find(path: str) -> list[str]:
+    """Relative paths of every file under directory ``path`` (sorted; [] when missing)."""
+    fs, p = fs_of(path)
+    root = p.strip("/")
+
+    def attempt() -> list[str]:
+        try:
+            return fs.find(p)
+        except FileNotFoundError:
+            return []
+
+    files = [f.strip("/") for f in _call("list", path, attempt)]
+    return sorted(f[len(root) :].lstrip("/") for f in files if f != root and f.startswith(root))
 
 
 def rm(path: str, recursive: bool = False) -> None:
+    """Remove a file (or a directory tree with ``recursive``); a missing path is not an error."""
     fs, p = fs_of(path)
-    if fs.exists(p):
-        fs.rm(p, recursive=recursive)
+
+    def attempt() -> None:
+        try:
+            fs.rm(p, recursive=recursive)
+        except FileNotFoundError:
+            pass
+
+    if is_local(path):
+        if fs.exists(p):
+            fs.rm(p, recursive=recursive)
+        return
+    _call("delete", path, attempt)
 
 
-def replace_dir(tmp_dir: str, final_dir: str) -> None:
+# ---------------------------------------------------------------- directories
+def tmp_sibling(final_dir: str) -> str:
+    """A fresh temporary directory to write a new version of ``final_dir`` into.
+
+    Local: a hidden sibling (same filesystem, so :func:`replace_dir` renames it).
+    Remote: a local staging directory under :func:`cache_dir` (object stores have no
+    rename; :func:`replace_dir` uploads it).
+    """
+    base = str(final_dir).rstrip("/")
+    head, _, name = base.rpartition("/")
+    tag = uuid.uuid4().hex[:8]
+    if not is_local(base):
+        return os.path.join(cache_dir("staging"), f"{name}.tmp-{tag}")
+    return f"{head}/.{name}.tmp-{tag}" if head else f".{name}.tmp-{tag}"
+
+
+def replace_dir(tmp_dir: str, final_dir: str, marker: str | None = None) -> None:
     """Move a fully written directory into place, replacing ``final_dir``.
 
-    Local: the old directory is renamed aside, the new one renamed in, the old
-    one removed, so a reader sees either the old or the new complete directory.
-    Remote: files are moved (object stores have no directory rename).
+    Local: the old directory is renamed aside, the new one renamed in, the old one
+    removed, so a reader sees either the old or the new complete directory.
+
+    Remote (``tmp_dir`` is the local staging directory of :func:`tmp_sibling`): the old
+    ``marker`` object is deleted first, every other file uploaded (each atomically),
+    ``marker`` uploaded last, then files of the old version that the new one lacks are
+    deleted and ``tmp_dir`` is removed. A reader who finds ``marker`` therefore finds
+    the complete new version; during the upload (or after a failed one) the directory
+    has no marker. Without ``marker`` the files are simply uploaded.
+
+    Args:
+        tmp_dir: the complete new directory.
+        final_dir: where it goes.
+        marker: file name (relative to the directory) that marks it complete, e.g.
+            ``meta.json`` (prepared data) or ``manifest.json`` (checkpoints).
+
+    Raises:
+        RemoteIOError: an upload or delete kept failing (``final_dir`` then has no marker).
     """
     if is_local(final_dir):
         final_dir = os.path.abspath(final_dir)
@@ -207,28 +940,87 @@ def replace_dir(tmp_dir: str, final_dir: str) -> None:
         if old:
             shutil.rmtree(old, ignore_errors=True)
         return
-    fs, dst = fs_of(final_dir)
-    _, src = fs_of(tmp_dir)
-    if fs.exists(dst):
-        fs.rm(dst, recursive=True)
-    fs.mv(src, dst, recursive=True)
-
-
-def tmp_sibling(final_dir: str) -> str:
-    """A fresh temporary directory name next to ``final_dir`` (same filesystem)."""
-    base = str(final_dir).rstrip("/")
-    head, _, name = base.rpartition("/")
-    return (
-        f"{head}/.{name}.tmp-{uuid.uuid4().hex[:8]}"
-        if head
-        else f".{name}.tmp-{uuid.uuid4().hex[:8]}"
+    if not is_local(tmp_dir):  # a remote staging dir (older callers): copy through here
+        local = tmp_sibling(final_dir)
+        download_dir(tmp_dir, local)
+        rm(tmp_dir, recursive=True)
+        tmp_dir = local
+    new = sorted(
+        os.path.relpath(os.path.join(d, f), tmp_dir).replace(os.sep, "/")
+        for d, _, files in os.walk(tmp_dir)
+        for f in files
     )
+    old = _find(final_dir)
+    if marker and marker in old:
+        rm(join(final_dir, marker))
+    for rel in sorted(new, key=lambda r: r == marker):  # the marker last
+        _upload(os.path.join(tmp_dir, rel), join(final_dir, rel))
+    stale = [join(final_dir, rel) for rel in old if rel not in set(new)]
+    for path in stale:
+        rm(path)
+    shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
-#: Chunk size of streamed copies and checksums (bytes).
-CHUNK = 8 * 1024 * 1024
+def download_dir(src: str, local_dir: str, progress: bool = False) -> int:
+    """Download every file under ``src`` into the local directory ``local_dir`` (created).
+
+    Returns:
+        The number of files.
+
+    Raises:
+        FileNotFoundError: ``src`` is not a directory.
+    """
+    if not isdir(src):
+        raise FileNotFoundError(f"{src} not found (or not a directory)")
+    files = _find(src)
+    for rel in tqdm(files, desc="download", unit="file", disable=not progress, leave=False):
+        dst = os.path.join(local_dir, *rel.split("/"))
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        if is_remote(src):
+            _download(join(src, rel), dst)
+        else:
+            copy(join(src, rel), dst)
+    return len(files)
 
 
+class DirMirror:
+    """Keep a remote directory a copy of a local one by uploading what changed.
+
+    For writers that need a local directory (DVCLive): they write into ``local``, and
+    :meth:`push` uploads each file whose size or mtime changed since the last push
+    (each atomically, retried). Files are never deleted remotely.
+
+    Args:
+        local: the local directory written to.
+        remote: the directory (URL) it is mirrored to.
+    """
+
+    def __init__(self, local: str, remote: str) -> None:
+        self.local, self.remote = local, remote
+        self._seen: dict[str, tuple[int, int]] = {}
+
+    def push(self) -> int:
+        """Upload new and changed files; returns how many were uploaded.
+
+        Raises:
+            RemoteIOError: an upload kept failing.
+        """
+        sent = 0
+        for d, _, files in os.walk(self.local):
+            for f in sorted(files):
+                path = os.path.join(d, f)
+                st = os.stat(path)
+                stamp = (st.st_size, st.st_mtime_ns)
+                rel = os.path.relpath(path, self.local).replace(os.sep, "/")
+                if self._seen.get(rel) == stamp:
+                    continue
+                _upload(path, join(self.remote, rel))
+                self._seen[rel] = stamp
+                sent += 1
+        return sent
+
+
+# ---------------------------------------------------------------- sizes, checksums, copies
 def _bar(total: int, desc: str, progress: bool) -> tqdm:
     return tqdm(
         total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
@@ -242,12 +1034,13 @@ def size(path: str) -> int:
     Raises:
         FileNotFoundError: ``path`` does not exist.
     """
-    fs, p = fs_of(path)
-    if not fs.exists(p):
+    info = _info(path)
+    if info is None:
         raise FileNotFoundError(f"{path} not found")
-    if fs.isdir(p):
-        return int(sum(fs.du(p, total=False).values()))
-    return int(fs.size(p))
+    if info.get("type") == "directory":
+        fs, p = fs_of(path)
+        return int(sum(_call("list", path, lambda: fs.du(p, total=False)).values()))
+    return int(info.get("size") or 0)
 
 
 def md5(path: str, progress: bool = False) -> str:
@@ -259,7 +1052,7 @@ def md5(path: str, progress: bool = False) -> str:
     if not isfile(path):
         raise FileNotFoundError(f"{path} not found (or not a file)")
     digest = hashlib.md5()
-    with open(path, "rb") as f, _bar(size(path), "md5", progress) as bar:
+    with open(path, "rb", progress=progress) as f, _bar(size(path), "md5", progress) as bar:
         while chunk := f.read(CHUNK):
             digest.update(chunk)
             bar.update(len(chunk))
@@ -267,15 +1060,21 @@ def md5(path: str, progress: bool = False) -> str:
 
 
 def copy(src: str, dst: str, progress: bool = False) -> None:
-    """Copy one file across filesystems (local <-> URL), streamed, atomic at ``dst``.
+    """Copy one file across filesystems (local <-> URL), atomic at ``dst``.
+
+    Remote ends transfer whole files (retried) with a progress bar when ``progress``.
 
     Raises:
         FileNotFoundError: ``src`` is missing or a directory (use :func:`copytree`).
     """
     if not isfile(src):
         raise FileNotFoundError(f"{src} not found (or not a file; use copytree for directories)")
-    with open(src, "rb") as fin, open_atomic(dst, "wb") as fout:
-        with _bar(size(src), src.rsplit("/", 1)[-1], progress) as bar:
+    bar_here = progress and not (is_remote(src) or is_remote(dst))  # else the transfer shows one
+    with (
+        open(src, "rb", progress=progress) as fin,
+        open_atomic(dst, "wb", progress=progress) as fout,
+    ):
+        with _bar(size(src), src.rsplit("/", 1)[-1], bar_here) as bar:
             while chunk := fin.read(CHUNK):
                 fout.write(chunk)
                 bar.update(len(chunk))
@@ -292,11 +1091,8 @@ def copytree(src: str, dst: str, progress: bool = False) -> int:
     """
     if not isdir(src):
         raise FileNotFoundError(f"{src} not found (or not a directory)")
-    fs, root = fs_of(src)
-    root = root.rstrip("/")
-    files = sorted(fs.find(root))
-    for f in tqdm(files, desc="copytree", unit="file", disable=not progress, leave=False):
-        rel = f[len(root) :].lstrip("/")
+    files = _find(src)
+    for rel in tqdm(files, desc="copytree", unit="file", disable=not progress, leave=False):
         copy(join(src, rel), join(dst, rel))
     return len(files)
 
@@ -309,9 +1105,9 @@ def move(src: str, dst: str, progress: bool = False) -> None:
     """
     if not exists(src):
         raise FileNotFoundError(f"{src} not found")
-    fs_src, p_src = fs_of(src)
-    fs_dst, p_dst = fs_of(dst)
-    if type(fs_src) is type(fs_dst) and is_local(src):
+    if is_local(src) and is_local(dst):
+        _, p_src = fs_of(src)
+        _, p_dst = fs_of(dst)
         os.makedirs(os.path.dirname(os.path.abspath(p_dst)), exist_ok=True)
         shutil.move(p_src, p_dst)
         return

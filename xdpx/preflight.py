@@ -6,6 +6,8 @@ nothing written:
 
 * every input path exists (local or remote, through ``xdpx.io``);
 * a checkpoint path or alias (``<run>/<best>``, ``<run>/<last>``) resolves;
+* an output on an object store (``oss://``, ``s3://``) answers a stat, so an outage
+  fails the stage before any work (``RemoteIOError`` naming the URL and the stage);
 * an existing ``train.save_dir`` is an error unless ``overwrite`` (replace it),
   ``resume`` (continue it) or ``auto_suffix`` (pick ``<save_dir>-2``, ``-3``, ...)
   is set. Conflicting options are rejected when the config is validated
@@ -39,6 +41,13 @@ def _must_exist(section: str, key: str, path: str, what: str = "") -> None:
     if not io.exists(path):
         hint = f" ({what})" if what else ""
         raise FileNotFoundError(f"{section}.{key}: {path} not found{hint}")
+
+
+def _reachable(path: str) -> None:
+    """For an output on an object store: one (retried) stat, so a store that is down fails
+    the stage now, before any work, with ``RemoteIOError`` naming the URL and the stage."""
+    if io.is_remote(path):
+        io.exists(path)
 
 
 def _must_resolve(section: str, key: str, path: str) -> None:
@@ -95,7 +104,17 @@ def check_model_fits_data(model: str, data_dir: str, where: str) -> None:
 
 
 def run_markers_in(path: str) -> list[str]:
-    """The ``RUN_MARKERS`` present in ``path`` (empty: it holds no training run)."""
+    """The ``RUN_MARKERS`` present in ``path`` (empty: it holds no training run).
+
+    On an object store this is one (retried) listing; a store that keeps failing raises
+    ``RemoteIOError`` rather than reporting a free directory.
+    """
+    if io.is_remote(path):
+        try:
+            names = {p.rstrip("/").rsplit("/", 1)[-1] for p in io.ls(path)}
+        except FileNotFoundError:
+            return []
+        return [name for name in RUN_MARKERS if name in names]
     return [name for name in RUN_MARKERS if io.exists(io.join(path, name))]
 
 
@@ -122,6 +141,7 @@ def check(section: str, cfg: Any) -> Any:
         FileExistsError: ``train.save_dir`` holds a run and neither ``overwrite``,
             ``resume`` nor ``auto_suffix`` is set.
         ValueError: the model does not fit the data (:func:`check_model_fits_data`).
+        RemoteIOError: an input or output on an object store did not answer (after retries).
     """
     if section == "prepro":
         _must_exist(section, "data_source", cfg.data_source)
@@ -132,6 +152,7 @@ def check(section: str, cfg: Any) -> Any:
                 _must_exist(section, key, getattr(cfg, key))
         if cfg.tokenizer_path:
             _must_resolve(section, "tokenizer_path", cfg.tokenizer_path)
+        _reachable(cfg.data_dir)
     elif section == "train":
         _must_exist(section, "data_dir", io.join(cfg.data_dir, "meta.json"), "run prepro first")
         check_model_fits_data(cfg.model, cfg.data_dir, "train.model")
@@ -139,6 +160,8 @@ def check(section: str, cfg: Any) -> Any:
             resolve_checkpoint(cfg.resume_from)
         if cfg.pretrained_model:
             _must_resolve(section, "pretrained_model", cfg.pretrained_model)
+        if cfg.distill_from:
+            _must_exist(section, "distill_from", cfg.distill_from, "predict.distill=true output")
         previous = run_markers_in(cfg.save_dir)
         if previous and cfg.auto_suffix:
             fresh = free_run_dir(cfg.save_dir)
@@ -158,4 +181,11 @@ def check(section: str, cfg: Any) -> Any:
             _must_exist(section, "data_dir", io.join(cfg.data_dir, "meta.json"), "run prepro first")
             model = json.loads(io.read_text(io.join(path, "config.json")))["model"]
             check_model_fits_data(model, cfg.data_dir, f"{section}.checkpoint {path}: model")
+        outputs = {
+            "evaluate": lambda: (cfg.metrics_file, cfg.confusion_png),
+            "predict": lambda: (cfg.out_file,),
+            "export": lambda: (cfg.out_dir,),
+        }[section]()
+        for out in outputs:
+            _reachable(out)
     return cfg

@@ -15,25 +15,22 @@ Nothing is ever downloaded from a model hub: ``local_files_only`` everywhere.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.resources
 import logging
 import os
 import shutil
+from collections.abc import Iterator
 
 from xdpx import io
 
-__all__ = ["PKG_PREFIX", "cache_dir", "resolve_pretrained"]
+__all__ = ["PKG_PREFIX", "quiet_transformers", "resolve_pretrained"]
 
 log = logging.getLogger("xdpx.pretrained")
 
 #: Prefix of a directory inside an installed package.
 PKG_PREFIX = "pkg:"
-
-
-def cache_dir() -> str:
-    """Root of xdpx's local cache: ``$XDPX_CACHE`` or ``~/.cache/xdpx``."""
-    return os.environ.get("XDPX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "xdpx")
 
 
 def _package_dir(spec: str) -> str:
@@ -66,11 +63,13 @@ def resolve_pretrained(path: str) -> str:
     if path.startswith(PKG_PREFIX):
         return _package_dir(path)
     if io.is_local(path):
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path} not found")
         if not os.path.isdir(path):
-            raise FileNotFoundError(f"{path} is not a directory")
+            raise FileNotFoundError(f"{path} is not a directory (give the model's directory)")
         return os.path.abspath(path)
     target = os.path.join(
-        cache_dir(), "pretrained", hashlib.sha1(path.encode("utf-8")).hexdigest()[:16]
+        io.cache_dir("pretrained"), hashlib.sha1(path.encode("utf-8")).hexdigest()[:16]
     )
     if os.path.isfile(os.path.join(target, ".complete")):
         return target
@@ -85,3 +84,20 @@ def resolve_pretrained(path: str) -> str:
     shutil.rmtree(target, ignore_errors=True)
     os.replace(tmp, target)
     return target
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Silence transformers' own logger below ERROR inside the block, then restore it.
+
+    Loading a local model or tokenizer otherwise prints notices xdpx reports itself (missing
+    keys go to ``loading_info.json``; long sequences are counted as truncated by prepro).
+    """
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)

@@ -13,9 +13,9 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from xdpx import preflight
+from xdpx import io, preflight
 from xdpx.config import ConfigError, load_stage_configs, render_tree, stage_argv
-from xdpx.errors import DivergenceError
+from xdpx.errors import DivergenceError, RemoteIOError
 
 R = TypeVar("R")
 
@@ -24,6 +24,9 @@ R = TypeVar("R")
 #: (FileExistsError), malformed data (DataError and other ValueErrors) and a
 #: diverged training run (DivergenceError: NaN loss, max_loss, fp16 loss scale).
 USER_ERRORS = (ConfigError, FileNotFoundError, FileExistsError, ValueError, DivergenceError)
+#: Exit status of a remote store that kept failing (``RemoteIOError``): sysexits' EX_TEMPFAIL,
+#: "a temporary failure; the user is invited to retry".
+EXIT_TEMPFAIL = 75
 
 
 def stage_main(
@@ -39,9 +42,25 @@ def stage_main(
 
     Exits with status 2 and a one-line ``error: ...`` on a user error
     (``USER_ERRORS``); with nothing written when the error comes from the
-    config or the pre-flight checks.
+    config or the pre-flight checks. A remote store that kept failing
+    (``RemoteIOError``, naming the stage, operation and URL) exits with
+    ``EXIT_TEMPFAIL`` (75) and one line, too.
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        with io.stage(name):
+            return _stage_main(name, run, summary, argv)
+    except RemoteIOError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(EXIT_TEMPFAIL) from None
+
+
+def _stage_main(
+    name: str,
+    run: Callable[[Any], R],
+    summary: Callable[[R], str],
+    argv: list[str] | None,
+) -> R | list[R] | None:
     try:
         args = stage_argv(name, sys.argv[1:] if argv is None else list(argv))
         configs = load_stage_configs(name, args.config_file, args.overrides, args.params)

@@ -42,6 +42,25 @@ optimizer update. Features are plain branches, not hooks:
   (``log_sample_ids``), scalars from ``xdpx.log.add_summary``, DVCLive
   metrics/plots under ``<save_dir>/dvclive``, a tqdm progress bar, and an
   optional torch.profiler trace (``profile``).
+* remote save_dir (``oss://``, ``s3://``): every log rewrite and checkpoint goes
+  through ``xdpx.io`` (atomic objects, retried); DVCLive writes to a local staging
+  directory mirrored to ``<save_dir>/dvclive`` after each evaluation and at the end.
+* FreeLB (``adv: freelb``, :mod:`xdpx.adversarial`): each micro-batch runs
+  ``adv_steps`` forward/backward passes with a perturbation added to the
+  embedding output, each backward on ``loss / adv_steps`` (the parameter
+  gradients of the K steps are averaged, Zhu et al. 2020, Algorithm 1),
+  the perturbation ascending and projected in between; every step replays
+  the micro-batch's random state (same dropout masks). The initial
+  perturbation comes from a generator of its own, seeded by (``seed``,
+  update, micro-batch), so the dropout masks are those of the same run
+  without ``adv``. Under DDP only the
+  last pass of the last micro-batch syncs. The logged loss is the mean over
+  the K passes; the accuracy is the first pass's.
+* distillation (``distill_from``, :mod:`xdpx.distill`): with teacher logits
+  for every training sample the per-sample loss is
+  ``(1 - distill_alpha) CE + distill_alpha T^2 KL(teacher_T || student_T)``
+  (Hinton et al. 2015), normalised like the plain cross-entropy; the two
+  parts are logged as ``distill_ce`` and ``distill_kl`` (per sample).
 * ``on_eval``: the one outside call, for tuners (``xdpx.tune``): after each
   dev evaluation (logs written, checkpoints saved) the trainer calls
   ``on_eval(EvalEvent)``; raising ``StopTraining`` there ends training
@@ -71,8 +90,10 @@ from transformers import get_scheduler
 
 from xdpx import io
 from xdpx import log as xlog
+from xdpx.adversarial import FreeLB, rng_state, set_rng_state
 from xdpx.checkpoint import load_training_state, save_checkpoint
 from xdpx.config import TrainConfig
+from xdpx.distill import distill_loss
 from xdpx.errors import DivergenceError, LossScaleError, NonFiniteLossError
 from xdpx.inference import Batch, call_model, pad_batch, predict_probs, to_device
 from xdpx.metrics import classification_metrics, is_better
@@ -108,11 +129,14 @@ TRAIN_COLUMNS = [
     "wall_time",
 ]
 
-#: ``train`` keys that may differ between a checkpoint and the run resuming it.
+#: ``train`` keys that may differ between a checkpoint and the run resuming it
+#: (``save_dir``/``auto_suffix``: ``resume_from`` continues another run in a new directory).
 RESUMABLE_CHANGES = frozenset(
     {
         "resume",
         "resume_from",
+        "save_dir",
+        "auto_suffix",
         "overwrite",
         "max_epoch",
         "max_update",
@@ -366,13 +390,17 @@ class Trainer:
             ``StopTraining`` to end training there; any other exception
             propagates out of ``fit``. Under DDP every rank calls it with the
             same metrics and must decide the same way. None (default): no call.
+        teacher_logits: ``[n, num_labels]`` teacher logits aligned with ``train_seqs``
+            (``xdpx.distill.load_teacher_logits``): adds the distillation term with
+            ``cfg.distill_alpha`` / ``cfg.distill_temperature``. None: plain cross-entropy.
 
     Under ``torch.distributed`` (initialised by the caller, e.g. ``stages.train``
     under torchrun) the model is wrapped in ``DistributedDataParallel``.
 
     Raises:
-        ValueError: empty training split, or ``auto_ga`` under DDP (one rank
-            cannot change its micro-batch alone).
+        ValueError: empty training split, ``auto_ga`` under DDP (one rank
+            cannot change its micro-batch alone), or ``teacher_logits`` of the wrong shape.
+        ConfigError: ``cfg.adv`` set for a model without an embedding layer.
     """
 
     def __init__(
@@ -388,9 +416,16 @@ class Trainer:
         assets_dir: str,
         pad_id: int = 0,
         on_eval: Callable[[EvalEvent], None] | None = None,
+        teacher_logits: np.ndarray | None = None,
     ) -> None:
         if len(train_seqs) == 0:
             raise ValueError("training split is empty")
+        if teacher_logits is not None and (
+            teacher_logits.ndim != 2 or len(teacher_logits) != len(train_seqs)
+        ):
+            raise ValueError(
+                f"teacher_logits must be [{len(train_seqs)}, num_labels], got {teacher_logits.shape}"
+            )
         self.cfg = cfg
         distributed = dist.is_available() and dist.is_initialized()
         self.world_size = dist.get_world_size() if distributed else 1
@@ -445,8 +480,22 @@ class Trainer:
         self.resumed_from: str | None = None
         self._auto_ga_logged = False
         self._live: Any = None
+        self._live_mirror: io.DirMirror | None = None  # remote save_dir: dvclive/ staged locally
         self.on_eval = on_eval
         self.stop_reason: str | None = None  # message of a StopTraining raised by on_eval
+        self.freelb = (
+            FreeLB(
+                self.module, cfg.adv_steps, cfg.adv_lr, cfg.adv_init_mag, cfg.adv_max_norm, pad_id
+            )
+            if cfg.adv == "freelb"
+            else None
+        )
+        self._adv_rng = torch.Generator(device=self.device)  # FreeLB's delta_0
+        self.teacher_logits = (
+            torch.as_tensor(teacher_logits, dtype=torch.float32, device=self.device)
+            if teacher_logits is not None
+            else None
+        )
 
     # ---------------------------------------------------------------- saving / resuming
     def _training_files(self) -> dict[str, bytes]:
@@ -599,16 +648,37 @@ class Trainer:
             )
 
     def _open_live(self) -> Any:
-        """DVCLive writer at ``<save_dir>/dvclive`` (rank 0); on resume, drop steps after the checkpoint."""
+        """DVCLive writer at ``<save_dir>/dvclive`` (rank 0); on resume, drop steps after the checkpoint.
+
+        DVCLive writes to a local directory; for a save_dir on an object store it writes
+        to a staging directory under ``xdpx.io.cache_dir("live")`` (filled from the
+        remote ``dvclive/`` on resume) that :meth:`_push_live` uploads after each
+        evaluation and at the end.
+        """
         if not self.is_main:
             return None
+        import hashlib
+        import shutil
+
         from dvclive import Live
 
         live_dir = io.join(self.save_dir, "dvclive")
         resumed = self.resumed_from is not None
+        if io.is_remote(live_dir):
+            remote = live_dir
+            live_dir = io.cache_dir("live", hashlib.sha256(remote.encode()).hexdigest()[:16])
+            shutil.rmtree(live_dir, ignore_errors=True)
+            if resumed and io.isdir(remote):
+                io.download_dir(remote, live_dir)
+            self._live_mirror = io.DirMirror(live_dir, remote)
         if resumed and io.is_local(live_dir):
             _truncate_dvclive(live_dir, self.state.num_updates)
         return Live(dir=live_dir, save_dvc_exp=False, dvcyaml=None, report=None, resume=resumed)
+
+    def _push_live(self) -> None:
+        """Upload what DVCLive changed to the remote ``<save_dir>/dvclive`` (remote save_dir only)."""
+        if self._live_mirror is not None:
+            self._live_mirror.push()
 
     def _log_train_row(self, grad_norm: float, scale: float | None) -> None:
         st, live = self.state, self._live
@@ -674,6 +744,7 @@ class Trainer:
                 self._live.log_metric(f"valid/{k}", v)
             self._live.log_metric("valid/samples_seen", st.samples_seen, plot=False)
             self._live.make_summary()
+            self._push_live()
         info_v = {**info, "valid": metrics}
         if improved:
             self._save("best", info_v)
@@ -716,23 +787,56 @@ class Trainer:
         )
         return to_device(x, self.device), torch.from_numpy(self.train_labels[idx]).to(self.device)
 
+    def _loss(self, logits: torch.Tensor, y: torch.Tensor, idx: np.ndarray) -> torch.Tensor:
+        """The training loss of a micro-batch, summed over its samples.
+
+        Cross-entropy; with teacher logits, Hinton et al.'s distillation loss
+        (``xdpx.distill.distill_loss``), its parts sent to the ``distill_ce`` /
+        ``distill_kl`` summaries (per-sample means).
+        """
+        if self.teacher_logits is None:
+            return F.cross_entropy(logits.float(), y, reduction="sum")
+        cfg = self.cfg
+        teacher = self.teacher_logits[torch.from_numpy(idx).to(self.device)]
+        loss, ce, kl = distill_loss(logits, y, teacher, cfg.distill_alpha, cfg.distill_temperature)
+        xlog.add_summary("distill_ce", ce / len(idx))
+        xlog.add_summary("distill_kl", kl / len(idx))
+        return loss
+
     def _forward_backward(self, local: np.ndarray, n_window: int) -> tuple[float, float]:
-        """Accumulate the gradients of one window share; returns (summed CE, correct)."""
+        """Accumulate the gradients of one window share; returns (summed loss, correct).
+
+        With FreeLB each micro-batch takes ``adv_steps`` passes (module docstring).
+        """
         micro = self.state.micro_batch_size
         chunks = [local[i : i + micro] for i in range(0, len(local), micro)]
         per_rank = n_window / self.world_size  # DDP averages over ranks: sum / per_rank overall
+        steps = self.freelb.steps if self.freelb is not None else 1
         loss_sum = correct = 0.0
         sink: dict[str, list[float]] = {}
         for k, idx in enumerate(chunks):
-            sync = k == len(chunks) - 1 or self.world_size == 1
-            with nullcontext() if sync else self.model.no_sync():
-                x, y = self._batch(idx)
-                with self._autocast(), xlog.collecting(sink):
-                    logits = call_model(self.model, x)
-                ce = F.cross_entropy(logits.float(), y, reduction="sum")
-                self.scaler.scale(ce / per_rank).backward()
-            loss_sum += ce.item()
-            correct += (logits.argmax(-1) == y).sum().item()
+            x, y = self._batch(idx)
+            if self.freelb is not None:  # delta_0 from its own stream: dropout stays as without adv
+                seed = update_seed(self.cfg.seed, self.state.num_updates, self.rank)
+                self._adv_rng.manual_seed(seed + k + 1)
+                self.freelb.start(x, self._adv_rng)
+                rng = rng_state(self.device)
+            for t in range(steps):
+                sync = self.world_size == 1 or (k == len(chunks) - 1 and t == steps - 1)
+                if t:  # FreeLB: every ascent step draws the same dropout masks
+                    set_rng_state(rng, self.device)
+                perturb = self.freelb.perturb() if self.freelb is not None else nullcontext()
+                with nullcontext() if sync else self.model.no_sync():
+                    with self._autocast(), xlog.collecting(sink), perturb:
+                        logits = call_model(self.model, x)
+                    with xlog.collecting(sink):
+                        loss = self._loss(logits, y, idx)
+                    self.scaler.scale(loss / (per_rank * steps)).backward()
+                if t < steps - 1:
+                    self.freelb.ascend()  # type: ignore[union-attr]
+                loss_sum += loss.item() / steps
+                if t == 0:
+                    correct += (logits.argmax(-1) == y).sum().item()
         for name, values in sink.items():
             acc = self.state.summaries.setdefault(name, [0.0, 0])
             acc[0] += sum(values)
@@ -840,6 +944,7 @@ class Trainer:
             NonFiniteLossError: the loss or the gradient norm became NaN/Inf.
             DivergenceError: the loss exceeded ``max_loss``.
             LossScaleError: fp16 loss scale fell below ``min_loss_scale``.
+            RemoteIOError: a save_dir on an object store kept failing (after xdpx.io's retries).
         """
         cfg, st = self.cfg, self.state
         self._start = time.perf_counter()
@@ -864,6 +969,7 @@ class Trainer:
             bar.close()
             if self._live is not None:
                 self._live.end()
+        self._push_live()  # remote save_dir: the final DVCLive files
         if self.world_size > 1:
             dist.barrier()
         return TrainResult(

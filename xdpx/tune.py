@@ -62,6 +62,7 @@ from xdpx.config import (
     _suggest,
     build_section,
     load_stage_configs,
+    read_yaml_mapping,
 )
 from xdpx.metrics import METRIC_DIRECTIONS
 
@@ -239,14 +240,7 @@ def load_tune_config(
             name, as params.yaml errors), a bad range, a value a params key
             rejects, a reserved key; every message names the file and the key.
     """
-    if not io.exists(path):
-        raise ConfigError(f"tune file {path} not found")
-    try:
-        raw = yaml.safe_load(io.read_text(path)) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: top level must be a mapping (study, params, space, ...)")
+    raw = read_yaml_mapping(path, "tune file", hint=" (study, params, space, ...)")
     fields = list(TuneConfig.model_fields)
     for key in raw:
         if key not in fields:

@@ -69,23 +69,19 @@ class HFTokenizer:
 
     def __init__(self, path: str, lower: bool = True) -> None:
         from transformers import AutoTokenizer
-        from transformers.utils import logging as hf_logging
 
-        from xdpx.pretrained import resolve_pretrained
+        from xdpx.pretrained import quiet_transformers, resolve_pretrained
 
         del lower
         try:
             local = resolve_pretrained(path)
         except FileNotFoundError as e:
             raise ValueError(f"tokenizer_path {path!r}: {e}") from None
-        verbosity = hf_logging.get_verbosity()
-        hf_logging.set_verbosity_error()  # no "sequence longer than model_max_length" noise
         try:
-            tok = AutoTokenizer.from_pretrained(local, local_files_only=True)
+            with quiet_transformers():  # no "sequence longer than model_max_length" noise
+                tok = AutoTokenizer.from_pretrained(local, local_files_only=True)
         except Exception as e:  # noqa: BLE001 - any load failure is a config problem
             raise ValueError(f"tokenizer_path {path!r}: cannot load a tokenizer ({e})") from None
-        finally:
-            hf_logging.set_verbosity(verbosity)
         if not getattr(tok, "is_fast", False):
             raise ValueError(
                 f"tokenizer_path {path!r}: not a fast tokenizer (needs tokenizer.json)"

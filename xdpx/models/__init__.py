@@ -6,6 +6,10 @@ declares ``input_names = ("input_ids", "input_ids2")`` and is called as
 ``model(input_ids, input_ids2)``, each ``[batch, seq_len_i]`` padded to its own
 width. Every model exposes ``min_len`` (shortest sequence it accepts; each input
 is padded up to it). :func:`input_names` tells the two kinds apart.
+
+A model with a token embedding layer exposes it as ``get_input_embeddings()``
+(the ``transformers`` name; every model but ``ngram_lr``): FreeLB
+(:mod:`xdpx.adversarial`) adds its perturbation to that layer's output.
 """
 
 from __future__ import annotations

@@ -95,6 +95,10 @@ class BiLSTMEncoder(nn.Module):
         self.lstm_bwd = nn.LSTM(embedding_dim, hidden_size, batch_first=True)
         self.dropout = nn.Dropout(dropout)
 
+    def get_input_embeddings(self) -> nn.Embedding:
+        """The token embedding layer (FreeLB perturbs its output; see ``xdpx.adversarial``)."""
+        return self.embedding
+
     def contextualize(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Token states and the padding mask.
 

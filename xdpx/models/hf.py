@@ -53,14 +53,6 @@ def pair_token_type_ids(input_ids: torch.Tensor, sep_id: int, pad_id: int) -> to
     return ((before > 0) & (input_ids != pad_id)).long()
 
 
-def _quiet_transformers() -> Any:
-    from transformers.utils import logging as hf_logging
-
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    return level
-
-
 class HFClassifier(nn.Module):
     """A transformers sequence classifier taking ``input_ids`` only.
 
@@ -102,11 +94,10 @@ class HFClassifier(nn.Module):
 
         overrides = dict(hf_config or {})
         self.loading_info: dict[str, list[str]] = {}
-        level = _quiet_transformers()
-        try:
-            if pretrained_model:
-                from xdpx.pretrained import resolve_pretrained
+        from xdpx.pretrained import quiet_transformers, resolve_pretrained
 
+        with quiet_transformers():
+            if pretrained_model:
                 local = resolve_pretrained(pretrained_model)
                 self.hf, info = AutoModelForSequenceClassification.from_pretrained(
                     local,
@@ -125,10 +116,6 @@ class HFClassifier(nn.Module):
                 overrides.setdefault("pad_token_id", pad_id)
                 config = AutoConfig.for_model(model_type, num_labels=num_labels, **overrides)
                 self.hf = AutoModelForSequenceClassification.from_config(config)
-        finally:
-            from transformers.utils import logging as hf_logging
-
-            hf_logging.set_verbosity(level)
         rows = self.hf.get_input_embeddings().num_embeddings
         if vocab_size > rows:
             raise ValueError(
@@ -194,6 +181,11 @@ class HFClassifier(nn.Module):
     def is_head(self, name: str) -> bool:
         """True for parameters of the newly created classification head."""
         return name.removeprefix("hf.").startswith(HEAD_PREFIXES)
+
+    def get_input_embeddings(self) -> nn.Module:
+        """The word embeddings (before position/type embeddings are added): FreeLB perturbs
+        their output, as the official FreeLB code does (``xdpx.adversarial``)."""
+        return self.hf.get_input_embeddings()
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Args: input_ids ``[batch, seq_len]`` int64. Returns: logits ``[batch, num_labels]``."""

@@ -90,6 +90,10 @@ class MatchESIM(nn.Module):
         self.hidden = nn.Linear(8 * h, h)
         self.classifier = nn.Linear(h, num_labels)
 
+    def get_input_embeddings(self) -> nn.Embedding:
+        """The embedding layer shared by both texts (FreeLB perturbs both; ``xdpx.adversarial``)."""
+        return self.encoder.embedding
+
     def _compose(self, x: torch.Tensor, x_tilde: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """Enhancement + projection + composition BiLSTM + pooling: ``[B, T, 2H] -> [B, 4H]``."""
         m = torch.cat([x, x_tilde, x - x_tilde, x * x_tilde], dim=-1)  # [B, T, 8H]
@@ -162,6 +166,10 @@ class Siamese(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.hidden = nn.Linear(4 * self.encoder.output_dim, hidden_size)
         self.classifier = nn.Linear(hidden_size, num_labels)
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        """The embedding layer shared by both texts (FreeLB perturbs both; ``xdpx.adversarial``)."""
+        return self.encoder.embedding
 
     def forward(self, input_ids: torch.Tensor, input_ids2: torch.Tensor) -> torch.Tensor:
         """Args: input_ids ``[batch, len_a]``, input_ids2 ``[batch, len_b]`` int64 (0 = padding),

@@ -40,6 +40,10 @@ class TextCNNEncoder(nn.Module):
         self.embedding = nn.Embedding(vocab_size, embedding_dim, padding_idx=pad_id)
         self.convs = nn.ModuleList(nn.Conv1d(embedding_dim, num_filters, k) for k in filter_sizes)
 
+    def get_input_embeddings(self) -> nn.Embedding:
+        """The token embedding layer (FreeLB perturbs its output; see ``xdpx.adversarial``)."""
+        return self.embedding
+
     def encode(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Args: input_ids ``[batch, seq_len]`` int64, ``seq_len >= min_len``.
 
