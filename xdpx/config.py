@@ -92,6 +92,11 @@ class PreproConfig(_Section):
         None, description="Local directory of a HF fast tokenizer (tokenizer=hf)."
     )
     lower: bool = Field(True, description="Lower-case text before tokenizing.")
+    transliterate: Literal["pinyin"] | None = Field(
+        None,
+        description="pinyin: Chinese characters -> toneless pinyin syllables before tokenizing "
+        "(for pretrained vocabularies without them, e.g. MiniLM); null = text as is.",
+    )
     max_len: int = Field(256, ge=1, description="Truncate token sequences to this many tokens.")
     vocab_file: str | None = Field(
         None, description="Predefined vocab (one token per line); null = build from train."

@@ -16,6 +16,7 @@ import numpy as np
 from xdpx import io
 from xdpx.data.readers import DataError
 from xdpx.data.tokenizers import CharTokenizer, HFTokenizer, WhitespaceTokenizer, make_tokenizer
+from xdpx.data.transliterate import make_transliterator
 from xdpx.data.vocab import TargetMap, Vocab
 
 __all__ = [
@@ -34,7 +35,8 @@ ENCODER_FILES = (META_FILE, VOCAB_FILE, TARGET_MAP_FILE)
 
 
 class Encoder:
-    """Tokenize, lower-case (char/whitespace), look up ids, truncate to ``max_len``.
+    """Transliterate (optional), tokenize, lower-case (char/whitespace), look up ids, truncate
+    to ``max_len``.
 
     Every sequence has at least one id: an empty result becomes ``[unk_id]``.
 
@@ -50,9 +52,12 @@ class Encoder:
         vocab: token vocabulary (required for char/whitespace, ignored for hf).
         pair: the task has a second text.
         meta: the ``meta.json`` content this encoder was built from (informational).
+        transliterate: applied to every text before tokenizing
+            (:mod:`xdpx.data.transliterate`: ``"pinyin"``), or None.
 
     Raises:
-        ValueError: ``vocab`` missing for a char/whitespace tokenizer, or ``max_len < 1``.
+        ValueError: ``vocab`` missing for a char/whitespace tokenizer, ``max_len < 1``, or
+            an unknown ``transliterate``.
     """
 
     def __init__(
@@ -63,6 +68,7 @@ class Encoder:
         vocab: Vocab | None = None,
         pair: bool = False,
         meta: dict[str, Any] | None = None,
+        transliterate: str | None = None,
     ) -> None:
         if max_len < 1:
             raise ValueError(f"max_len must be >= 1, got {max_len}")
@@ -75,6 +81,8 @@ class Encoder:
         self.max_len = max_len
         self.pair = pair
         self.meta = meta or {}
+        self.transliterate = transliterate
+        self._transliterate = make_transliterator(transliterate)
 
     # ----------------------------------------------------------------- properties
     @property
@@ -117,9 +125,14 @@ class Encoder:
         return Vocab.unk_id
 
     # ------------------------------------------------------------------- encoding
+    def prepare(self, texts: Sequence[str]) -> list[str]:
+        """``texts`` as the tokenizer sees them: transliterated when ``transliterate`` is set."""
+        fn = self._transliterate
+        return list(texts) if fn is None else [fn(t) for t in texts]
+
     def tokenize(self, text: str) -> list[str]:
         """Token strings of one text (before id lookup and truncation)."""
-        return self.tokenizer.tokenize(text)
+        return self.tokenizer.tokenize(self.prepare([text])[0])
 
     def encode_one(self, text: str, text2: str | None = None) -> tuple[np.ndarray, int]:
         """Ids of one text (or one joint hf pair) and its length before truncation.
@@ -134,7 +147,7 @@ class Encoder:
         if text2 is not None:
             raise ValueError("joint pair encoding needs tokenizer=hf; encode texts separately")
         assert self.vocab is not None
-        ids = self.vocab.encode(self.tokenizer.tokenize(text))
+        ids = self.vocab.encode(self.tokenize(text))
         full = len(ids)
         ids = ids[: self.max_len]
         if not ids:
@@ -175,7 +188,8 @@ class Encoder:
         """hf: one batched tokenizer call (:meth:`HFTokenizer.encode_batch`), truncated to
         ``max_len`` with the closing special tokens kept; returns ``(ids, full_lengths)``."""
         assert isinstance(self.tokenizer, HFTokenizer)
-        ids, full = self.tokenizer.encode_batch(texts, texts2, max_len=self.max_len)
+        texts2 = None if texts2 is None else self.prepare(texts2)
+        ids, full = self.tokenizer.encode_batch(self.prepare(texts), texts2, max_len=self.max_len)
         unk = [self.unk_id]
         return [np.asarray(x or unk, dtype=np.int64) for x in ids], full
 
@@ -262,6 +276,7 @@ class Encoder:
                 f"meta.json says num_labels={meta['num_labels']}"
             )
         pair = bool((meta.get("prepro") or {}).get("text2_column"))
+        transliterate = (meta.get("prepro") or {}).get("transliterate")
         vocab = None
         if meta["tokenizer"] == "hf":
             tok_path = (meta.get("prepro") or {}).get("tokenizer_path")
@@ -269,7 +284,15 @@ class Encoder:
         else:
             vocab = Vocab.load(io.join(path, VOCAB_FILE))
             tokenizer = make_tokenizer(meta["tokenizer"], meta["lower"])
-        enc = cls(tokenizer, target_map, int(meta["max_len"]), vocab, pair=pair, meta=meta)
+        enc = cls(
+            tokenizer,
+            target_map,
+            int(meta["max_len"]),
+            vocab,
+            pair=pair,
+            meta=meta,
+            transliterate=transliterate,
+        )
         if enc.vocab_size != meta["vocab_size"]:
             raise DataError(
                 f"{path}: vocab has {enc.vocab_size} ids, meta.json says vocab_size={meta['vocab_size']}"
@@ -279,5 +302,6 @@ class Encoder:
     def __repr__(self) -> str:
         return (
             f"Encoder(tokenizer={self.tokenizer.name!r}, max_len={self.max_len}, "
-            f"vocab_size={self.vocab_size}, num_labels={self.num_labels}, pair={self.pair})"
+            f"vocab_size={self.vocab_size}, num_labels={self.num_labels}, pair={self.pair}, "
+            f"transliterate={self.transliterate!r})"
         )
