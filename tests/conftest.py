@@ -9,6 +9,34 @@ import pytest
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    # `make test` runs one pytest-xdist worker per core: give each worker (and the stage
+    # subprocesses it starts, which inherit this) its share of the cores, read by torch at
+    # import. torch's default of one thread per core in every worker oversubscribes the CPU.
+    _share = (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _share)))
+
+# The slowest test files (seconds on 2 cores), started first so that under pytest-xdist
+# (--dist loadfile) no long file is left to run alone at the end.
+_SLOW_FIRST = (
+    "test_hf.py",
+    "test_dvc_queue.py",
+    "test_precision.py",
+    "test_resume.py",
+    "test_dvc.py",
+    "test_deploy.py",
+    "test_distributed.py",
+    "test_freelb.py",
+    "test_remote.py",
+    "test_dvc_remote.py",
+    "test_distill.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Run the files of :data:`_SLOW_FIRST` first, in that order; the others keep theirs."""
+    rank = {name: i for i, name in enumerate(_SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 @pytest.fixture(scope="session")
