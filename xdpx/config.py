@@ -576,14 +576,7 @@ def load_params(path: str = "params.yaml", overrides: list[str] | tuple[str, ...
     Raises:
         ConfigError: malformed YAML, unknown section/key, invalid value.
     """
-    raw: dict[str, Any] = {}
-    if io.exists(path):
-        try:
-            raw = yaml.safe_load(io.read_text(path)) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML: {e}") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: top level must be a mapping of sections")
+    raw = read_yaml_mapping(path, hint=" of sections") if io.exists(path) else {}
     _check_keys(raw, path)
     raw = apply_overrides(raw, list(overrides))
     _resolve_refs(raw)
