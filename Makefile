@@ -32,8 +32,9 @@ test: install  ## the whole suite, one worker per core; whole files per worker (
 lint: install
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
-bench: install  ## baseline vs the demo's accuracy; speed ratios: Trainer vs bare loop, prepro vs the fast tokenizer, fine-tuning vs transformers.Trainer
+bench: install  ## baseline vs the demo's accuracy, and over 5 random splits; speed ratios: Trainer vs bare loop, prepro vs the fast tokenizer, fine-tuning vs transformers.Trainer
 	$(PY) bench/baseline.py --metrics reports/metrics.json
+	$(PY) bench/baseline_cv.py
 	$(PY) bench/trainer_overhead.py
 	$(PY) bench/tokenize_throughput.py
 	$(PY) bench/finetune_throughput.py
