@@ -27,6 +27,7 @@ import argparse
 import json
 import logging
 import math
+import statistics
 import sys
 import tempfile
 import time
@@ -61,7 +62,7 @@ def run_split(params: Params, seed: int, work_dir: str) -> dict[str, Any]:
     """
     start = time.perf_counter()
     raw, prepared = io.join(work_dir, "raw"), io.join(work_dir, "prepared")
-    model, metrics_file = io.join(work_dir, "model"), io.join(work_dir, "metrics.json")
+    model = io.join(work_dir, "model")
     fetch.run(params.fetch.model_copy(update={"seed": seed, "out_dir": raw}))
     prepro.run(params.prepro.model_copy(update={"data_source": raw, "data_dir": prepared}))
     train.run(
@@ -74,18 +75,17 @@ def run_split(params: Params, seed: int, work_dir: str) -> dict[str, Any]:
             }
         )
     )
-    evaluate.run(
+    ours = evaluate.run(
         params.evaluate.model_copy(
             update={
                 "checkpoint": io.join(model, "<best>"),
                 "data_dir": prepared,
                 "splits": ["dev", "test"],
-                "metrics_file": metrics_file,
+                "metrics_file": io.join(work_dir, "metrics.json"),
                 "confusion_png": io.join(work_dir, "confusion.png"),
             }
         )
-    )
-    ours = json.loads(io.read_text(metrics_file))
+    ).metrics
     base = run_baseline(raw)
     result = {
         "seed": seed,
@@ -114,11 +114,11 @@ def summarize(splits: list[dict[str, Any]]) -> dict[str, Any]:
     """
     k = len(splits)
     diffs = [s["difference"] for s in splits]
-    mean = sum(diffs) / k
+    mean = statistics.fmean(diffs)
     out: dict[str, Any] = {
         "k": k,
-        "mean_xdpx": sum(s["xdpx"]["test"] for s in splits) / k,
-        "mean_baseline": sum(s["baseline"]["test"] for s in splits) / k,
+        "mean_xdpx": statistics.fmean(s["xdpx"]["test"] for s in splits),
+        "mean_baseline": statistics.fmean(s["baseline"]["test"] for s in splits),
         "mean_difference": mean,
         "wins": sum(d > 0 for d in diffs),
         "ties": sum(d == 0 for d in diffs),
@@ -126,8 +126,7 @@ def summarize(splits: list[dict[str, Any]]) -> dict[str, Any]:
         "ci95": None,
     }
     if k > 1:
-        sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (k - 1))
-        se = sd / math.sqrt(k)
+        se = statistics.stdev(diffs) / math.sqrt(k)
         half = float(stats.t.ppf(0.975, k - 1)) * se
         out.update(se=se, ci95=[mean - half, mean + half])
     return out

@@ -58,9 +58,10 @@ def test_two_seeds_give_two_splits_scored_by_both_models_inside_the_work_dir(
         metrics = json.loads((seed_dir / "metrics.json").read_text())
         assert split["xdpx"]["test"] == metrics["test"]["accuracy"]
         assert split["difference"] == split["xdpx"]["test"] - split["baseline"]["test"]
-        assert split["n_test"] == len(read_split(str(seed_dir / "raw" / "test.tsv"))) == 60
+        test = read_split(str(seed_dir / "raw" / "test.tsv"))
+        assert split["n_test"] == len(test) == 60
         assert 0.5 < split["baseline"]["test"] <= 1.0 and 0.5 < split["xdpx"]["test"] <= 1.0
-        texts[split["seed"]] = set(read_split(str(seed_dir / "raw" / "test.tsv"))["text"])
+        texts[split["seed"]] = set(test["text"])
     assert texts[3] != texts[4]  # fetch.seed drew a different test set
     summary = result["summary"]
     diffs = [s["difference"] for s in result["splits"]]
