@@ -10,8 +10,11 @@ its test accuracy; .gitignore keeps it (and the evaluate plots) visible.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -38,17 +41,113 @@ def queue_status(root: Path, env: dict) -> str:
     return sh("dvc", "queue", "status", cwd=root, env=env)
 
 
-def wait_for_queue(root: Path, env: dict, timeout_s: float = 900) -> str:
-    """Poll `dvc queue status` until no task is Queued or Running (bounded)."""
+def start_worker(root: Path, env: dict) -> None:
+    """`dvc queue start -j 1`, returning at once.
+
+    DVC's worker is a forked daemon that keeps the caller's stdout/stderr open until
+    the worker exits; with captured pipes, `subprocess.run` would block until the whole
+    queue is done, outside any bound of ours. Its output goes to a file instead.
+    """
+    with open(root / "queue-start.log", "ab") as log:
+        proc = subprocess.run(
+            ["dvc", "queue", "start", "-j", "1"],
+            cwd=root,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=120,
+        )
+    assert proc.returncode == 0, (root / "queue-start.log").read_text()
+
+
+def diagnostics(root: Path, env: dict) -> str:
+    """What to read when the queue misbehaves: status, each running task's console
+    output, the celery workers' logs and the process tree (DVC, celery, stages)."""
+    status = subprocess.run(
+        ["dvc", "queue", "status"], cwd=root, env=env, capture_output=True, text=True, timeout=120
+    ).stdout
+    parts = [f"--- dvc queue status\n{status}"]
+    for line in status.splitlines():
+        if " Running" in line:
+            task = line.split()[0]
+            logs = subprocess.run(
+                ["dvc", "queue", "logs", task],
+                cwd=root,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            parts.append(f"--- dvc queue logs {task}\n{(logs.stdout + logs.stderr)[-3000:]}")
+    for log in sorted((root / ".dvc" / "tmp" / "exps" / "celery").glob("*.out")):
+        parts.append(f"--- {log.name}\n{log.read_text(errors='replace')[-4000:]}")
+    ps = subprocess.run(
+        ["ps", "-eo", "pid,ppid,etimes,pcpu,stat,args", "--forest"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    keep = ("dvc", "celery", "stages.", "PID")
+    parts.append(
+        "--- processes\n" + "\n".join(ln for ln in ps.splitlines() if any(k in ln for k in keep))
+    )
+    return "\n".join(parts)
+
+
+def restart_worker(root: Path, env: dict) -> None:
+    """End worker 1 if its process is still alive (SIGTERM, then SIGKILL), then start one."""
+    pid_file = root / ".dvc" / "tmp" / "exps" / "celery" / "dvc-exp-worker-1.pid"
+    if pid_file.exists():
+        pid = int(pid_file.read_text())
+        for sig, wait_s in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+                time.sleep(0.5)
+    start_worker(root, env)
+
+
+def wait_for_queue(root: Path, env: dict, timeout_s: float = 540, stall_s: float = 45) -> str:
+    """Poll `dvc queue status` until no task is Queued or Running (bounded).
+
+    DVC 3.x's worker sometimes stops taking tasks with some still Queued: it exits
+    (DVC issue #10562) or stays alive and idle (#8165, #10398); users recover with
+    another `dvc queue start`. When tasks are Queued and none is Running for `stall_s`
+    seconds, a live worker is ended and a new one started (at most twice), with a warning.
+
+    Raises:
+        AssertionError: the queue is not done after `timeout_s` seconds; the message
+            has the `diagnostics`.
+    """
     deadline = time.monotonic() + timeout_s
+    idle_since, restarts = None, 0
     while time.monotonic() < deadline:
         status = queue_status(root, env)
         tasks = [line for line in status.splitlines() if line[:7].strip() and "Status" not in line]
-        busy = [t for t in tasks if " Queued" in t or " Running" in t]
-        if tasks and not busy and "Worker status" in status:
+        queued = [t for t in tasks if " Queued" in t]
+        running = [t for t in tasks if " Running" in t]
+        if tasks and not queued and not running and "Worker status" in status:
             return status
+        if queued and not running:
+            idle_since = idle_since or time.monotonic()
+            if time.monotonic() - idle_since > stall_s and restarts < 2:
+                warnings.warn(
+                    f"DVC queue stalled with {len(queued)} task(s) Queued: restarting the worker"
+                    f"\n{diagnostics(root, env)}",
+                    stacklevel=2,
+                )
+                restart_worker(root, env)
+                idle_since, restarts = None, restarts + 1
+        else:
+            idle_since = None
         time.sleep(5)
-    raise AssertionError(f"queue not done after {timeout_s} s:\n{queue_status(root, env)}")
+    raise AssertionError(
+        f"queue not done after {timeout_s} s ({restarts} worker restarts):\n"
+        f"{diagnostics(root, env)}"
+    )
 
 
 def stop_workers(root: Path, env: dict) -> None:
@@ -87,12 +186,12 @@ def test_queued_learning_rate_grid_runs_both_and_exp_show_has_their_metrics(proj
     out = sh("dvc", "exp", "run", "--queue", "-S", "train.learning_rate=1e-3,3e-3", *FAST, cwd=root, env=env)  # fmt: skip
     assert out.count("Queued experiment") == 2, out
     try:
-        sh("dvc", "queue", "start", "-j", "1", cwd=root, env=env)
+        start_worker(root, env)
         status = wait_for_queue(root, env)
     finally:
         stop_workers(root, env)
     tasks = [line for line in status.splitlines() if " Success" in line or " Failed" in line]
-    assert len(tasks) == 2 and all(" Success" in t for t in tasks), status
+    assert len(tasks) == 2 and all(" Success" in t for t in tasks), diagnostics(root, env)
 
     exps = experiments(json.loads(sh("dvc", "exp", "show", "--json", cwd=root, env=env)))
     assert len(exps) == 2, exps.keys()
