@@ -26,8 +26,8 @@ demo: install  ## fetch -> prepro -> train -> evaluate -> predict -> export on t
 flow: install  ## the same DAG as a Prefect flow on a 2,000-text subset, outputs under .flow-run/
 	mkdir -p .flow-run && cd .flow-run && $(abspath $(PY)) -m flows.pipeline --params ../params.yaml fetch.limit=2000
 
-test: install  ## the whole suite, one worker per core; whole files per worker (their fixtures are module-scoped)
-	$(PY) -m pytest -q -n auto --dist loadfile
+test: install  ## the whole suite, one worker per core; whole files per worker (their fixtures are module-scoped), slowest files first (tests/conftest.py)
+	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder
 
 lint: install
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
