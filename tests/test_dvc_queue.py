@@ -37,6 +37,10 @@ FAST = [
 ]
 
 
+#: Where DVC's celery queue keeps its worker logs (`<name>.out`) and pid files, under the repo.
+CELERY_DIR = Path(".dvc", "tmp", "exps", "celery")
+
+
 def queue_status(root: Path, env: dict) -> str:
     return sh("dvc", "queue", "status", cwd=root, env=env)
 
@@ -79,7 +83,7 @@ def diagnostics(root: Path, env: dict) -> str:
                 timeout=120,
             )
             parts.append(f"--- dvc queue logs {task}\n{(logs.stdout + logs.stderr)[-3000:]}")
-    for log in sorted((root / ".dvc" / "tmp" / "exps" / "celery").glob("*.out")):
+    for log in sorted((root / CELERY_DIR).glob("*.out")):
         parts.append(f"--- {log.name}\n{log.read_text(errors='replace')[-4000:]}")
     ps = subprocess.run(
         ["ps", "-eo", "pid,ppid,etimes,pcpu,stat,args", "--forest"],
@@ -96,7 +100,7 @@ def diagnostics(root: Path, env: dict) -> str:
 
 def restart_worker(root: Path, env: dict) -> None:
     """End worker 1 if its process is still alive (SIGTERM, then SIGKILL), then start one."""
-    pid_file = root / ".dvc" / "tmp" / "exps" / "celery" / "dvc-exp-worker-1.pid"
+    pid_file = root / CELERY_DIR / "dvc-exp-worker-1.pid"
     if pid_file.exists():
         pid = int(pid_file.read_text())
         for sig, wait_s in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
