@@ -14,37 +14,28 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from sklearn.feature_extraction.text import TfidfVectorizer
-from sklearn.linear_model import LogisticRegression
-from sklearn.metrics import accuracy_score
 
 try:
     from xdpx import io
 except ModuleNotFoundError:  # run as a script from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from xdpx import io
+from xdpx import baselines
 
 __all__ = ["C_GRID", "read_split", "run_baseline", "main"]
 
 #: Inverse regularisation strengths tried on dev.
-C_GRID: tuple[float, ...] = (1.0, 4.0, 16.0)
+C_GRID: tuple[float, ...] = baselines.C_GRID
 
 
 def read_split(path: str, text_column: str = "text", label_column: str = "label") -> pd.DataFrame:
     """Read one TSV split written by ``stages.fetch`` (header row, no quoting).
-
-    Args:
-        path: local path or fsspec URL of the TSV file.
-        text_column: column holding the text.
-        label_column: column holding the label.
 
     Returns:
         DataFrame with string columns ``text`` and ``label``.
@@ -52,16 +43,13 @@ def read_split(path: str, text_column: str = "text", label_column: str = "label"
     Raises:
         KeyError: a column is missing.
     """
-    with io.open(path, "rb") as f:
-        df = pd.read_csv(f, sep="\t", quoting=csv.QUOTE_NONE, keep_default_na=False, dtype=str)
-    missing = [c for c in (text_column, label_column) if c not in df.columns]
-    if missing:
-        raise KeyError(f"{path}: missing column(s) {missing}; found {list(df.columns)}")
+    df = baselines.read_tsv(path, [text_column, label_column])
     return pd.DataFrame({"text": df[text_column], "label": df[label_column]})
 
 
 def run_baseline(data_dir: str, c_grid: tuple[float, ...] = C_GRID) -> dict[str, Any]:
-    """Fit TF-IDF char 1-3-grams + LR on train, pick ``C`` on dev, score test.
+    """Fit TF-IDF char 1-3-grams + LR on train, pick ``C`` on dev, score test
+    (:func:`xdpx.baselines.tfidf_lr` with ``analyzer="char"``).
 
     Args:
         data_dir: directory with ``train.tsv``, ``dev.tsv`` and ``test.tsv``.
@@ -69,36 +57,12 @@ def run_baseline(data_dir: str, c_grid: tuple[float, ...] = C_GRID) -> dict[str,
 
     Returns:
         ``{"dev_accuracy": {C: acc}, "C": best C, "dev_accuracy_best": acc,
-        "test_accuracy": acc, "n": {split: rows}, "seconds": wall time}``;
+        "test_accuracy": acc, "n": {split: rows}, "features", "seconds"}``;
         accuracies are fractions in [0, 1].
     """
-    start = time.perf_counter()
-    splits = {s: read_split(io.join(data_dir, f"{s}.tsv")) for s in ("train", "dev", "test")}
-    vectorizer = TfidfVectorizer(analyzer="char", ngram_range=(1, 3), min_df=2, sublinear_tf=True)
-    x_train = vectorizer.fit_transform(splits["train"]["text"])
-    x_dev = vectorizer.transform(splits["dev"]["text"])
-    x_test = vectorizer.transform(splits["test"]["text"])
-    y = {s: df["label"].to_numpy() for s, df in splits.items()}
-
-    dev_acc: dict[float, float] = {}
-    models: dict[float, LogisticRegression] = {}
-    for c in c_grid:
-        model = LogisticRegression(C=c, max_iter=2000)
-        model.fit(x_train, y["train"])
-        dev_acc[c] = float(accuracy_score(y["dev"], model.predict(x_dev)))
-        models[c] = model
-    best = max(c_grid, key=lambda c: (dev_acc[c], -c))
-    test_acc = float(accuracy_score(y["test"], models[best].predict(x_test)))
-    return {
-        "model": "tfidf_char_1-3+logreg",
-        "dev_accuracy": {str(c): a for c, a in dev_acc.items()},
-        "C": best,
-        "dev_accuracy_best": dev_acc[best],
-        "test_accuracy": test_acc,
-        "n": {s: len(df) for s, df in splits.items()},
-        "features": len(vectorizer.vocabulary_),
-        "seconds": round(time.perf_counter() - start, 2),
-    }
+    result = baselines.run_baseline(data_dir, analyzer="char", c_grid=c_grid)
+    result.pop("test_correct")
+    return result
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from xdpx.data import (
     ReadResult,
     TargetMap,
     Vocab,
+    detect_tokenizer,
     make_tokenizer,
     read_examples,
     write_split,
@@ -91,13 +92,34 @@ def _read_splits(cfg: PreproConfig) -> tuple[dict[str, ReadResult], TargetMap]:
     return results, target_map
 
 
+def resolve_tokenizer(cfg: PreproConfig, train: ReadResult) -> tuple[str, float | None]:
+    """The tokenizer name to use: ``cfg.tokenizer``, or for ``auto`` the choice of
+    :func:`xdpx.data.detect_tokenizer` on the (transliterated) training texts.
+
+    Returns:
+        ``(name, fraction)``: ``fraction`` is the share of letters in scripts written
+        without spaces (None unless ``auto``).
+    """
+    if cfg.tokenizer != "auto":
+        return cfg.tokenizer, None
+    transliterate = make_transliterator(cfg.transliterate)
+    texts = train.texts + (train.texts2 or [])
+    name, fraction = detect_tokenizer(transliterate(t) if transliterate else t for t in texts)
+    log.info(
+        "tokenizer=auto: %s (%.1f%% of the train letters are in scripts without spaces)",
+        name,
+        100 * fraction,
+    )
+    return name, fraction
+
+
 def _build_encoder(
-    cfg: PreproConfig, train: ReadResult, target_map: TargetMap
+    cfg: PreproConfig, train: ReadResult, target_map: TargetMap, tokenizer_name: str
 ) -> tuple[Encoder, list[str]]:
     """The Encoder of this run and the vocab.txt lines (tokens in id order)."""
     pair = cfg.text2_column is not None
     try:
-        tokenizer = make_tokenizer(cfg.tokenizer, cfg.lower, cfg.tokenizer_path)
+        tokenizer = make_tokenizer(tokenizer_name, cfg.lower, cfg.tokenizer_path)
     except ValueError as e:
         raise ConfigError(f"prepro.tokenizer={cfg.tokenizer}: {e}") from None
     if isinstance(tokenizer, HFTokenizer):
@@ -161,7 +183,8 @@ def run(cfg: PreproConfig) -> PreproResult:
     """
     cfg = preflight.check("prepro", cfg)
     results, target_map = _read_splits(cfg)
-    encoder, vocab_lines = _build_encoder(cfg, results["train"], target_map)
+    tokenizer_name, no_space_fraction = resolve_tokenizer(cfg, results["train"])
+    encoder, vocab_lines = _build_encoder(cfg, results["train"], target_map, tokenizer_name)
     log.info("vocab: %d ids; labels: %s", encoder.vocab_size, target_map.labels)
 
     final = cfg.data_dir.rstrip("/")
@@ -199,7 +222,12 @@ def run(cfg: PreproConfig) -> PreproResult:
                 max_seen,
             )
         meta = {
-            "tokenizer": cfg.tokenizer,
+            "tokenizer": tokenizer_name,
+            "tokenizer_auto": (
+                None
+                if no_space_fraction is None
+                else {"chosen": tokenizer_name, "no_space_script_fraction": no_space_fraction}
+            ),
             "lower": cfg.lower,
             "max_len": cfg.max_len,
             "vocab_size": encoder.vocab_size,

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from xdpx import io, preflight
 from xdpx.checkpoint import CheckpointError, find_resumable, resolve_checkpoint
 from xdpx.config import TrainConfig, dump_yaml, non_defaults
-from xdpx.data import load_split
+from xdpx.data import VOCAB_FILE, Vocab, load_split
 from xdpx.distill import load_teacher_logits
 from xdpx.inference import as_samples
 from xdpx.models import build_model, model_config_from
@@ -181,6 +181,11 @@ def _train(
         cfg.model, cfg, meta["vocab_size"], meta["num_labels"], meta.get("pad_id", 0), meta
     )
     model = build_model(cfg.model, model_config)
+    if hasattr(model, "prepare") and resume_path is None:  # ngram_lr: sub-word and idf tables
+        texts = list(train.input_ids) + list(train.input_ids2 or [])  # pairs: both sides
+        facts = model.prepare(Vocab.load(io.join(cfg.data_dir, VOCAB_FILE)).tokens, texts)
+        model_config = {**model_config, **model.saved_config_updates()}
+        log.info("model %s prepared from the training data: %s", cfg.model, facts)
     if hasattr(model, "saved_config"):  # hf_classifier: config.json rebuilds it without the hub
         model_config = model.saved_config()
     if rank == 0:

@@ -38,7 +38,7 @@ from xdpx.preflight import check
 from xdpx.serve import Predictor, serve_lines
 from xdpx.trainer import find_nonfinite
 
-PAIR_MODELS = ["match_esim", "siamese"]
+PAIR_MODELS = ["match_esim", "siamese", "match_ngram"]
 TINY = {"embedding_dim": 32, "hidden_size": 32, "dropout": 0.1}
 
 
@@ -258,11 +258,23 @@ def test_preflight_checkpoint_against_data(pipeline, data):
 # ----------------------------------------------------------------- model units
 @pytest.mark.parametrize(
     "name,extra",
-    [("match_esim", {}), ("siamese", {}), ("siamese", {"siamese_encoder": "textcnn"})],
+    [
+        ("match_esim", {}),
+        ("siamese", {}),
+        ("siamese", {"siamese_encoder": "textcnn"}),
+        ("match_ngram", {"ngram_orders": [1, 2], "ngram_buckets": 997}),
+    ],
 )
 def test_pair_model_shapes_and_padding_invariance(name, extra):
     torch.manual_seed(0)
-    model = build_model(name, {"vocab_size": 50, "num_labels": 3, **TINY, **extra}).eval()
+    config = {"vocab_size": 50, "num_labels": 3, **extra}
+    if name != "match_ngram":
+        config.update(TINY)
+    model = build_model(name, config).eval()
+    if name == "match_ngram":  # zero-initialised (logistic regression): give it real weights
+        with torch.no_grad():
+            for param in model.parameters():
+                param.normal_()
     assert input_names(model) == ("input_ids", "input_ids2") == input_names(name)
     a = torch.randint(2, 50, (4, 9))
     a[1, 6:] = 0
@@ -277,8 +289,11 @@ def test_pair_model_shapes_and_padding_invariance(name, extra):
         # a pair alone, each text at its own length (>= min_len), equals its row in the batch
         one = model(pad(a[1:2, :6], max(0, model.min_len - 6)), b[1:2])
         torch.testing.assert_close(one, logits[1:2], atol=1e-5, rtol=1e-5)
-        # the order of the texts matters to the model (it sees both, not one twice)
-        assert not torch.allclose(model(b, a), logits)
+        if name == "match_ngram":  # |u - v|, u * v and u . v are symmetric by design
+            torch.testing.assert_close(model(b, a), logits, atol=1e-5, rtol=1e-5)
+            assert not torch.allclose(model(a, a), logits)  # but it does see both texts
+        else:  # the order of the texts matters to the model (it sees both, not one twice)
+            assert not torch.allclose(model(b, a), logits)
 
 
 def test_pad_batch_pads_each_input_to_its_own_width():

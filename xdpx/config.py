@@ -85,8 +85,11 @@ class PreproConfig(_Section):
         None, description="Second text of a pair task; null = single text."
     )
     label_column: str = Field("label", description="Column (or JSON key) of the label.")
-    tokenizer: Literal["char", "whitespace", "hf"] = Field(
-        "char", description="char (default for Chinese), whitespace, or hf (fast tokenizer dir)."
+    tokenizer: Literal["auto", "char", "word", "whitespace", "hf"] = Field(
+        "auto",
+        description="auto (char when >30% of the train letters are Chinese/Japanese/Thai..., "
+        "else word; meta.json records the choice), char (every character), word (words and "
+        "punctuation, BERT's rules), whitespace (str.split), or hf (fast tokenizer dir).",
     )
     tokenizer_path: str | None = Field(
         None, description="Local directory of a HF fast tokenizer (tokenizer=hf)."
@@ -129,7 +132,9 @@ class PreproConfig(_Section):
         return self
 
 
-ModelName = Literal["ngram_lr", "textcnn", "bilstm", "match_esim", "siamese", "hf_classifier"]
+ModelName = Literal[
+    "ngram_lr", "textcnn", "bilstm", "match_esim", "siamese", "match_ngram", "hf_classifier"
+]
 
 
 class TrainConfig(_Section):
@@ -145,8 +150,9 @@ class TrainConfig(_Section):
     valid_subset: str = Field("dev", description="Split used for eval_interval / early stopping.")
     model: ModelName = Field(
         "ngram_lr",
-        description="ngram_lr (hashed char n-gram logistic regression), textcnn, bilstm, "
-        "hf_classifier (transformers); text pairs (prepro.text2_column): match_esim (ESIM) or siamese.",
+        description="ngram_lr (logistic regression over hashed TF-IDF n-grams), textcnn, bilstm, "
+        "hf_classifier (transformers); text pairs (prepro.text2_column): match_ngram (LR over "
+        "[|u-v|, u*v, cos] of TF-IDF n-grams), match_esim (ESIM) or siamese.",
     )
     pretrained_model: str | None = Field(
         None,
@@ -167,11 +173,28 @@ class TrainConfig(_Section):
     siamese_encoder: Literal["bilstm", "textcnn"] = Field(
         "bilstm", description="siamese: the shared encoder of each text of a pair."
     )
-    ngram_orders: list[int] = Field(
-        [1, 2, 3, 4], description="ngram_lr: n-gram orders (each 1..5) hashed into buckets."
+    ngram_orders: list[int] | None = Field(
+        None,
+        description="ngram_lr/match_ngram: token n-gram orders (each 1..5) hashed into buckets; null = by "
+        "prepro's tokenizer: [1, 2, 3, 4] for char, [1, 2] for word/whitespace.",
+    )
+    char_ngram_orders: list[int] | None = Field(
+        None,
+        description="ngram_lr/match_ngram: character n-gram orders (1..8) inside each word token, fastText's "
+        "<word> markers; null = [2, 3, 4, 5] for word/whitespace tokens, none for char; [] = off.",
+    )
+    ngram_weighting: Literal["binary", "tfidf"] = Field(
+        "tfidf",
+        description="ngram_lr/match_ngram: tfidf = (1 + ln tf) x idf from train, L2-normalised (sklearn's "
+        "TfidfVectorizer(sublinear_tf=True)); binary = 1 per distinct n-gram / sqrt(count).",
+    )
+    ngram_min_df: int = Field(
+        1, ge=1, description="ngram_lr/match_ngram: drop n-grams seen in fewer training texts."
     )
     ngram_buckets: int = Field(
-        4_194_304, ge=1, description="ngram_lr: hash buckets (rows of its weight table)."
+        4_194_304,
+        ge=1,
+        description="ngram_lr/match_ngram: hash buckets of the n-grams (the weight table keeps a row per bucket seen in train).",
     )
     dropout: float = Field(0.3, ge=0.0, lt=1.0, description="Dropout before the classifier.")
     batch_size: int = Field(64, ge=1, description="Samples per micro-batch (per process).")
@@ -182,8 +205,11 @@ class TrainConfig(_Section):
     max_update: int | None = Field(
         None, ge=1, description="Stop after this many updates (the smaller budget wins)."
     )
-    learning_rate: float = Field(
-        1e-2, gt=0, description="Peak AdamW learning rate (ngram_lr: 1e-2; textcnn/bilstm: 1e-3)."
+    learning_rate: float | None = Field(
+        None,
+        gt=0,
+        description="Peak AdamW learning rate; null = the model's default (ngram_lr 1e-2; "
+        "textcnn, bilstm, match_esim, siamese 1e-3; hf_classifier 5e-5).",
     )
     weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay.")
     adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
@@ -327,8 +353,12 @@ class TrainConfig(_Section):
             )
         if any(k < 1 for k in self.filter_sizes) or not self.filter_sizes:
             raise ValueError(f"filter_sizes must be positive widths, got {self.filter_sizes}")
-        if any(k < 1 for k in self.ngram_orders) or not self.ngram_orders:
-            raise ValueError(f"ngram_orders must be positive, got {self.ngram_orders}")
+        if self.ngram_orders is not None and (
+            any(not 1 <= k <= 5 for k in self.ngram_orders) or not self.ngram_orders
+        ):
+            raise ValueError(f"ngram_orders must lie in 1..5, got {self.ngram_orders}")
+        if self.char_ngram_orders and any(not 1 <= k <= 8 for k in self.char_ngram_orders):
+            raise ValueError(f"char_ngram_orders must lie in 1..8, got {self.char_ngram_orders}")
         if self.precision == "fp16" and self.device != "cuda":
             import torch
 

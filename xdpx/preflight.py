@@ -13,7 +13,7 @@ nothing written:
   is set. Conflicting options are rejected when the config is validated
   (``xdpx.config``), before this runs;
 * the model fits the data: a pair model (``match_esim``, ``siamese``) needs
-  separately encoded pairs (``prepro.text2_column`` with a char/whitespace
+  separately encoded pairs (``prepro.text2_column`` with a char/word/whitespace
   tokenizer), a single-text model needs single texts or jointly encoded (hf) pairs
   (``train.model`` against ``train.data_dir``, a checkpoint's model against
   ``evaluate/export.data_dir``).
@@ -85,7 +85,7 @@ def check_model_fits_data(model: str, data_dir: str, where: str) -> None:
         )
         raise ValueError(
             f"{where}={model} is a pair model (inputs input_ids, input_ids2) but {meta_path} "
-            f"holds {what}; run prepro with prepro.text2_column=<column> and a char/whitespace "
+            f"holds {what}; run prepro with prepro.text2_column=<column> and a char/word/whitespace "
             "tokenizer, or pick a single-text model (textcnn, bilstm, ngram_lr)"
         )
     tokenizer = meta.get("tokenizer")

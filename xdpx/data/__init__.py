@@ -12,6 +12,8 @@ from xdpx.data.tokenizers import (
     CharTokenizer,
     HFTokenizer,
     WhitespaceTokenizer,
+    WordTokenizer,
+    detect_tokenizer,
     make_tokenizer,
 )
 from xdpx.data.vocab import PAD, UNK, TargetMap, Vocab
@@ -21,8 +23,10 @@ __all__ = [
     "ReadResult",
     "read_examples",
     "CharTokenizer",
+    "WordTokenizer",
     "WhitespaceTokenizer",
     "HFTokenizer",
+    "detect_tokenizer",
     "TOKENIZERS",
     "make_tokenizer",
     "PAD",

@@ -15,7 +15,13 @@ import numpy as np
 
 from xdpx import io
 from xdpx.data.readers import DataError
-from xdpx.data.tokenizers import CharTokenizer, HFTokenizer, WhitespaceTokenizer, make_tokenizer
+from xdpx.data.tokenizers import (
+    CharTokenizer,
+    HFTokenizer,
+    WhitespaceTokenizer,
+    WordTokenizer,
+    make_tokenizer,
+)
 from xdpx.data.transliterate import make_transliterator
 from xdpx.data.vocab import TargetMap, Vocab
 
@@ -35,12 +41,12 @@ ENCODER_FILES = (META_FILE, VOCAB_FILE, TARGET_MAP_FILE)
 
 
 class Encoder:
-    """Transliterate (optional), tokenize, lower-case (char/whitespace), look up ids, truncate
+    """Transliterate (optional), tokenize, lower-case (char/word/whitespace), look up ids, truncate
     to ``max_len``.
 
     Every sequence has at least one id: an empty result becomes ``[unk_id]``.
 
-    Pair tasks: with ``char``/``whitespace`` each text is encoded on its own
+    Pair tasks: with ``char``/``word``/``whitespace`` each text is encoded on its own
     (``pair_encoding == "separate"``: ``input_ids`` and ``input_ids2``, each ``<= max_len``);
     with ``hf`` the two texts go through the tokenizer's text-pair API into one sequence
     (``pair_encoding == "joint"``: ``input_ids`` only, ``<= max_len`` in total).
@@ -49,20 +55,20 @@ class Encoder:
         tokenizer: a :data:`~xdpx.data.tokenizers.TOKENIZERS` instance.
         target_map: the labels.
         max_len: maximum ids per sequence.
-        vocab: token vocabulary (required for char/whitespace, ignored for hf).
+        vocab: token vocabulary (required for char/word/whitespace, ignored for hf).
         pair: the task has a second text.
         meta: the ``meta.json`` content this encoder was built from (informational).
         transliterate: applied to every text before tokenizing
             (:mod:`xdpx.data.transliterate`: ``"pinyin"``), or None.
 
     Raises:
-        ValueError: ``vocab`` missing for a char/whitespace tokenizer, ``max_len < 1``, or
+        ValueError: ``vocab`` missing for a char/word/whitespace tokenizer, ``max_len < 1``, or
             an unknown ``transliterate``.
     """
 
     def __init__(
         self,
-        tokenizer: CharTokenizer | WhitespaceTokenizer | HFTokenizer,
+        tokenizer: CharTokenizer | WordTokenizer | WhitespaceTokenizer | HFTokenizer,
         target_map: TargetMap,
         max_len: int,
         vocab: Vocab | None = None,
@@ -166,7 +172,7 @@ class Encoder:
             ``n`` int64 arrays of length ``1 .. max_len``.
 
         Raises:
-            ValueError: ``texts2`` given for a char/whitespace encoder, or length mismatch.
+            ValueError: ``texts2`` given for a char/word/whitespace encoder, or length mismatch.
         """
         if texts2 is not None:
             if not self.is_hf:

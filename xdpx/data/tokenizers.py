@@ -1,15 +1,28 @@
-"""Tokenizers: ``char`` and ``whitespace`` (token strings, looked up in a Vocab) and ``hf``.
+"""Tokenizers: ``char``, ``word`` and ``whitespace`` (token strings, looked up in a Vocab)
+and ``hf``; :func:`detect_tokenizer` resolves ``PreproConfig.tokenizer: auto``.
 
-The keys of :data:`TOKENIZERS` are exactly the values of ``PreproConfig.tokenizer``.
+The keys of :data:`TOKENIZERS` are the values of ``PreproConfig.tokenizer`` but ``auto``,
+which prepro resolves to ``char`` or ``word`` from the training texts before anything is
+encoded (the resolved name is what ``meta.json`` records).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import unicodedata
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["CharTokenizer", "WhitespaceTokenizer", "HFTokenizer", "TOKENIZERS", "make_tokenizer"]
+__all__ = [
+    "CharTokenizer",
+    "WordTokenizer",
+    "WhitespaceTokenizer",
+    "HFTokenizer",
+    "TOKENIZERS",
+    "AUTO_CHAR_THRESHOLD",
+    "detect_tokenizer",
+    "make_tokenizer",
+]
 
 
 class CharTokenizer:
@@ -29,6 +42,59 @@ class CharTokenizer:
         if self.lower:
             text = text.lower()
         return [c for c in text if not c.isspace()]
+
+
+class WordTokenizer:
+    """Words and punctuation as tokens, by BERT's BasicTokenizer rules (the default for
+    languages written with spaces).
+
+    Built from the Hugging Face ``tokenizers`` parts that implement those rules: NFC, then
+    ``BertNormalizer`` (control characters dropped, whitespace unified, every CJK
+    ideograph its own token, lower-casing with ``lower``; accents are *kept*, so
+    ``"Grüße"`` stays ``"grüße"``), then ``BertPreTokenizer`` (split on whitespace, and
+    every punctuation character, Unicode category ``P*`` or ASCII ``!"#$%&'()*+,-./:;<=>?@
+    [\\]^_`{|}~``, is a token of its own), then each symbol (``So``, e.g. an emoji, with
+    its modifiers ``Sk``) is isolated as well. So ``"movies."`` is ``["movies", "."]``, a
+    URL splits at its punctuation (``https``, ``:``, ``/``, ``/``, ``example``, ``.``,
+    ``com``), and numbers split at ``.`` and ``,`` (``3.14`` -> ``3``, ``.``, ``14``), as
+    in BERT.
+
+    Args:
+        lower: lower-case the text before splitting.
+    """
+
+    name = "word"
+
+    def __init__(self, lower: bool = True) -> None:
+        from tokenizers import Regex, normalizers, pre_tokenizers
+
+        self.lower = lower
+        self._normalizer = normalizers.Sequence(
+            [
+                normalizers.NFC(),
+                normalizers.BertNormalizer(
+                    clean_text=True, handle_chinese_chars=True, strip_accents=False, lowercase=lower
+                ),
+            ]
+        )
+        self._pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.BertPreTokenizer(),
+                pre_tokenizers.Split(Regex(r"\p{So}\p{Sk}*"), behavior="isolated"),
+            ]
+        )
+
+    def tokenize(self, text: str) -> list[str]:
+        """``"Great movies, it's 5/5!"`` -> ``["great", "movies", ",", "it", "'", "s", "5",
+        "/", "5", "!"]`` (with ``lower``)."""
+        normalized = self._normalizer.normalize_str(text)
+        return [piece for piece, _ in self._pre_tokenizer.pre_tokenize_str(normalized)]
+
+    def __getstate__(self) -> dict[str, Any]:  # the Rust parts are rebuilt, not pickled
+        return {"lower": self.lower}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["lower"])
 
 
 class WhitespaceTokenizer:
@@ -212,22 +278,76 @@ class HFTokenizer:
         return ids, full
 
 
-#: ``PreproConfig.tokenizer`` name -> tokenizer class.
+#: ``PreproConfig.tokenizer`` name -> tokenizer class (``auto`` resolves to char or word).
 TOKENIZERS: dict[str, type] = {
     "char": CharTokenizer,
+    "word": WordTokenizer,
     "whitespace": WhitespaceTokenizer,
     "hf": HFTokenizer,
 }
 
+#: ``auto`` picks ``char`` when more than this fraction of the letters is in a script
+#: written without spaces between words.
+AUTO_CHAR_THRESHOLD = 0.3
+
+#: Unicode name prefixes of the scripts written without spaces between words: Chinese
+#: (``CJK UNIFIED IDEOGRAPH``, ``CJK COMPATIBILITY IDEOGRAPH``), Japanese kana, Thai, Lao,
+#: Khmer, Myanmar, Tibetan. Hangul is not among them: Korean puts spaces between words.
+_NO_SPACE_SCRIPTS = (
+    "CJK ",
+    "HIRAGANA",
+    "KATAKANA",
+    "THAI",
+    "LAO",
+    "KHMER",
+    "MYANMAR",
+    "TIBETAN",
+)
+
+
+def detect_tokenizer(texts: Iterable[str], max_chars: int = 1_000_000) -> tuple[str, float]:
+    """Choose ``char`` or ``word`` for ``PreproConfig.tokenizer: auto``.
+
+    Counts the letters (``str.isalpha``) of ``texts`` and the share of them written in a
+    script without spaces between words (Chinese ideographs, kana, Thai, Lao, Khmer,
+    Myanmar, Tibetan: by Unicode character name). Above :data:`AUTO_CHAR_THRESHOLD`
+    (0.3) every character is a token (``char``, as XDPX did for Chinese); otherwise words
+    (``word``). A mixed Chinese/English corpus with 30% or more Chinese letters counts as
+    Chinese, since splitting it at spaces would leave whole Chinese sentences as tokens.
+
+    Args:
+        texts: the training texts (only the first ``max_chars`` characters are read).
+        max_chars: characters to inspect.
+
+    Returns:
+        ``(name, fraction)``: ``"char"`` or ``"word"`` and the no-space-script share of
+        the letters seen (0.0 when there are no letters; then ``word``).
+    """
+    letters = no_space = seen = 0
+    for text in texts:
+        for ch in text:
+            if ch.isalpha():
+                letters += 1
+                if ord(ch) >= 0x0E00 and unicodedata.name(ch, "").startswith(_NO_SPACE_SCRIPTS):
+                    no_space += 1
+        seen += len(text)
+        if seen >= max_chars:
+            break
+    fraction = no_space / letters if letters else 0.0
+    return ("char" if fraction > AUTO_CHAR_THRESHOLD else "word"), fraction
+
 
 def make_tokenizer(
     name: str, lower: bool = True, path: str | None = None
-) -> CharTokenizer | WhitespaceTokenizer | HFTokenizer:
-    """Instantiate a tokenizer by its config name.
+) -> CharTokenizer | WordTokenizer | WhitespaceTokenizer | HFTokenizer:
+    """Instantiate a tokenizer by its config name (``auto`` must be resolved first:
+    :func:`detect_tokenizer`).
 
     Raises:
-        ValueError: unknown name, or ``hf`` without a usable ``path``.
+        ValueError: unknown name (``auto`` included), or ``hf`` without a usable ``path``.
     """
+    if name == "auto":
+        raise ValueError("tokenizer=auto must be resolved with detect_tokenizer(texts) first")
     if name not in TOKENIZERS:
         raise ValueError(f"unknown tokenizer {name!r}; choose one of {sorted(TOKENIZERS)}")
     if name == "hf":

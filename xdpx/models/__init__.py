@@ -21,7 +21,7 @@ from torch import nn
 
 from xdpx.models.bilstm import BiLSTM
 from xdpx.models.hf import HFClassifier
-from xdpx.models.ngram import NgramLR
+from xdpx.models.ngram import MatchNgram, NgramLR
 from xdpx.models.pair import PAIR_INPUTS, MatchESIM, Siamese
 from xdpx.models.textcnn import TextCNN
 
@@ -31,6 +31,7 @@ MODELS: dict[str, type[nn.Module]] = {
     "bilstm": BiLSTM,
     "match_esim": MatchESIM,
     "siamese": Siamese,
+    "match_ngram": MatchNgram,
     "hf_classifier": HFClassifier,
 }
 
@@ -69,7 +70,9 @@ def model_config_from(
     """The constructor arguments of model ``name`` taken from a TrainConfig (saved as config.json).
 
     ``meta`` (prepro's meta.json) supplies data facts a model may take: ``sep_id`` (the
-    tokenizer's separator) and ``pair`` (jointly encoded text pairs).
+    tokenizer's separator) and ``pair`` (jointly encoded text pairs). A model class with a
+    ``resolve_config(cfg, meta)`` classmethod fills its data-dependent defaults there
+    (``ngram_lr``: n-gram orders by tokenizer), so config.json holds concrete values.
     """
     params = inspect.signature(MODELS[name].__init__).parameters
     cfg: dict[str, Any] = {"vocab_size": vocab_size, "num_labels": num_labels, "pad_id": pad_id}
@@ -80,7 +83,21 @@ def model_config_from(
         if key not in cfg and key != "self" and hasattr(train_cfg, key):
             value = getattr(train_cfg, key)
             cfg[key] = list(value) if isinstance(value, tuple) else value
-    return cfg
+    resolve = getattr(MODELS[name], "resolve_config", None)
+    return resolve(cfg, meta) if resolve else cfg
+
+
+def default_learning_rate(name: str) -> float:
+    """The peak learning rate that ``train.learning_rate: null`` means for model ``name``
+    (each class's ``default_learning_rate``: ngram_lr 1e-2, textcnn/bilstm/match_esim/
+    siamese 1e-3, hf_classifier 5e-5).
+
+    Raises:
+        KeyError: unknown model name.
+    """
+    if name not in MODELS:
+        raise KeyError(f"unknown model {name!r}; valid: {sorted(MODELS)}")
+    return float(MODELS[name].default_learning_rate)
 
 
 def build_model(name: str, model_config: dict) -> nn.Module:
@@ -102,9 +119,11 @@ __all__ = [
     "BiLSTM",
     "NgramLR",
     "MatchESIM",
+    "MatchNgram",
     "Siamese",
     "HFClassifier",
     "build_model",
+    "default_learning_rate",
     "input_names",
     "model_config_from",
 ]

@@ -134,6 +134,9 @@ class BiLSTM(BiLSTMEncoder):
         pad_id: padding token id.
     """
 
+    #: ``train.learning_rate: null`` means this (Adam's default (Kingma & Ba 2015)).
+    default_learning_rate = 1e-3
+
     def __init__(
         self,
         vocab_size: int,

@@ -77,6 +77,9 @@ class HFClassifier(nn.Module):
         ValueError: the data's ``vocab_size`` exceeds the model's vocabulary.
     """
 
+    #: ``train.learning_rate: null`` means this (transformers.TrainingArguments' default).
+    default_learning_rate = 5e-5
+
     def __init__(
         self,
         vocab_size: int,

@@ -1,72 +1,199 @@
-"""Logistic regression over hashed character n-grams, trained end to end in PyTorch.
+"""Logistic regression over hashed n-grams, trained end to end in PyTorch.
 
-The strongest cheap text classifier on small corpora is still a linear model
-over n-gram presence (Wang & Manning 2012; Joulin et al. 2017, "Bag of
-Tricks"). This module is that model in the shape of every other xdpx model:
-``input_ids -> logits``, with the n-gram ids hashed inside the graph, so it
-trains with the shared Trainer and exports to ONNX with ``input_ids`` alone.
+The strongest cheap text classifier on small corpora is still a linear model over
+n-gram features (Wang & Manning 2012; Joulin et al. 2017, "Bag of Tricks"), and what
+makes scikit-learn's TF-IDF + logistic regression hard to beat is its weighting:
+sublinear tf, idf from the training set, L2-normalised rows (Salton & Buckley 1988;
+``sklearn.feature_extraction.text.TfidfTransformer``). This module is that model in the
+shape of every other xdpx model: ``input_ids -> logits``, with the features computed
+inside the graph, so it trains with the shared Trainer and exports to ONNX with
+``input_ids`` alone.
+
+Features of a text (each hashed into one table of ``ngram_buckets`` rows):
+
+* token n-grams of the orders ``ngram_orders``: character n-grams when prepro's
+  tokenizer is ``char`` (Chinese), word n-grams when it is ``word``;
+* with word tokens, the character n-grams of each word (orders ``char_ngram_orders``,
+  the word wrapped in ``<`` ``>`` as in fastText, Bojanowski et al. 2017, and in
+  scikit-learn's ``char_wb`` analyzer): a sub-word table ``[vocab_size,
+  SUBWORD_WIDTH]`` built from the vocabulary by :meth:`NgramLR.prepare`.
 """
 
 from __future__ import annotations
 
+import zlib
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal
+
+import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-# Multipliers for position k of an n-gram window (distinct primes): hash = sum_k ids[i+k] * P_k.
-_PRIMES = (1, 1_000_003, 998_244_353, 1_000_000_007, 2_147_483_647)
+# Multipliers for position k of an n-gram window (distinct primes below _MODULUS):
+# h = order salt + sum_k ids[i+k] * P_k (< 2^50 for ids < 2^17), then
+# bucket = ((h mod _MODULUS) * _MIX mod _MODULUS) mod buckets. Reduced straight modulo a
+# power-of-two bucket count, h keeps its linear structure (998_244_353 = 119 * 2^23 + 1 is 1
+# modulo 2^22, so "abc" and "cba" shared a bucket); multiplying by _MIX modulo the prime
+# (a bijection: no new collision) spreads n-grams that differ by small id offsets, so what
+# collides modulo buckets is as rare as for a random hash (tests/test_ngram.py).
+_PRIMES = (1, 1_000_003, 998_244_353, 1_000_000_007, 1_234_567_891)
+_MODULUS = 2_147_483_629  # the largest prime below 2^31
+_MIX = 1_103_515_245  # glibc's LCG multiplier; products stay below 2^62
 # Added per order so that the same ids in different orders land in different buckets.
 _ORDER_SALT = 7_919
+#: Sub-word features kept per vocabulary word (the first ones by position; a word of up to
+#: 12 characters has all of its 2..5-grams within 46).
+SUBWORD_WIDTH = 48
+
+Weighting = Literal["binary", "tfidf"]
+
+
+def char_ngrams(word: str, orders: Sequence[int]) -> list[str]:
+    """Character n-grams of ``<word>`` (fastText's boundary markers), by start position,
+    each start's orders ascending; n-grams that are the bare markers are skipped.
+
+    >>> char_ngrams("ab", [2, 3])
+    ['<a', '<ab', 'ab', 'ab>', 'b>']
+    """
+    w = f"<{word}>"
+    out = []
+    for i in range(len(w)):
+        for n in orders:
+            if i + n <= len(w) and n < len(w):
+                out.append(w[i : i + n])
+    return out
+
+
+def _bucket(gram: str, n: int, buckets: int) -> int:
+    """Row of a character n-gram: CRC-32 of its UTF-8 bytes, salted by order (stable across
+    processes, unlike ``hash``), in ``1..buckets``."""
+    return (zlib.crc32(gram.encode("utf-8"), n * 0x9E3779B1 & 0xFFFFFFFF) % buckets) + 1
 
 
 class NgramLR(nn.Module):
-    """Binary bag of hashed n-grams, normalised by sqrt(#distinct n-grams), then linear.
+    """Hashed n-gram features, weighted and L2-normalised per text, then linear.
 
-    Every n-gram (orders ``ngram_orders``; 1 = the tokens) of a text is hashed
-    into ``ngram_buckets`` rows of a ``[ngram_buckets, num_labels]`` weight
-    table. Repeats inside a text count once (binary features, like sublinear
-    tf), and the sum is divided by sqrt(number of distinct n-grams), the L2
-    norm of the binary feature vector, as TF-IDF + logistic regression does.
-    Windows that touch padding are ignored, so logits do not depend on padding.
+    Every feature (see the module docstring) is hashed into one of ``ngram_buckets``
+    buckets; :meth:`prepare` keeps the buckets seen in at least ``ngram_min_df`` training
+    texts and gives each a row of the ``[num_features + 1, num_labels]`` weight table (row 0
+    = dropped: padding, unseen or rare features), like the vocabulary of scikit-learn's
+    vectorizers, so the table holds only what training can move.
+
+    ``ngram_weighting="binary"``: each distinct feature has value 1. ``"tfidf"``: value
+    ``(1 + ln tf) * idf`` with the smooth idf ``ln((1 + n) / (1 + df)) + 1`` of the ``n``
+    training texts (``TfidfVectorizer(sublinear_tf=True)``). Either way the row is divided
+    by its L2 norm, then ``logits = W^T x + b`` with W zero-initialised (logistic
+    regression). Windows that touch padding are ignored, so logits do not depend on padding.
+
+    Training and eager inference flatten the batch to the real tokens (no padding work);
+    the ONNX export traces an equivalent padded computation (same logits within 1e-5).
 
     Args:
-        vocab_size: number of token ids (only checked: ids are hashed).
+        vocab_size: number of token ids (rows of the sub-word table).
         num_labels: output classes.
-        ngram_orders: n-gram orders, each in 1..5.
-        ngram_buckets: hash buckets (rows of the weight table).
+        ngram_orders: token n-gram orders, each in 1..5.
+        ngram_buckets: hash buckets.
         pad_id: padding token id.
+        char_ngram_orders: orders of the character n-grams of each word (word tokens;
+            empty = none), each in 1..8.
+        ngram_weighting: ``"binary"`` or ``"tfidf"``.
+        ngram_min_df: features seen in fewer training texts are dropped.
+        num_features: rows of the weight table but row 0 (set by :meth:`prepare` and saved
+            in config.json); None = every bucket its own row (before ``prepare``).
+
+    Raises:
+        ValueError: an order out of range, or an unknown weighting.
     """
+
+    #: ``train.learning_rate: null`` means this (the demo's setting, chosen on dev).
+    default_learning_rate = 1e-2
 
     def __init__(
         self,
         vocab_size: int,
         num_labels: int,
-        ngram_orders: tuple[int, ...] | list[int] = (1, 2, 3, 4),
+        ngram_orders: Sequence[int] = (1, 2, 3, 4),
         ngram_buckets: int = 4_194_304,
         pad_id: int = 0,
+        char_ngram_orders: Sequence[int] = (),
+        ngram_weighting: Weighting = "binary",
+        ngram_min_df: int = 1,
+        num_features: int | None = None,
     ) -> None:
         super().__init__()
         if not ngram_orders or min(ngram_orders) < 1 or max(ngram_orders) > len(_PRIMES):
             raise ValueError(
                 f"ngram_orders must lie in 1..{len(_PRIMES)}, got {list(ngram_orders)}"
             )
+        if char_ngram_orders and (min(char_ngram_orders) < 1 or max(char_ngram_orders) > 8):
+            raise ValueError(f"char_ngram_orders must lie in 1..8, got {list(char_ngram_orders)}")
+        if ngram_weighting not in ("binary", "tfidf"):
+            raise ValueError(
+                f"ngram_weighting must be 'binary' or 'tfidf', got {ngram_weighting!r}"
+            )
         self.vocab_size = vocab_size
+        self.num_labels = num_labels
         self.orders = sorted(set(ngram_orders))
+        self.char_orders = sorted(set(char_ngram_orders))
         self.buckets = ngram_buckets
         self.pad_id = pad_id
+        self.weighting = ngram_weighting
+        self.min_df = ngram_min_df
         self.min_len = 1
-        # row 0 is "no n-gram" (padding), buckets are rows 1..ngram_buckets
-        self.weight = nn.Embedding(ngram_buckets + 1, num_labels, padding_idx=0)
-        nn.init.zeros_(self.weight.weight)  # logistic regression starts at zero
+        rows = ngram_buckets if num_features is None else num_features
+        self.num_features = rows
+        # bucket (0 = none, 1..buckets) -> row of the weight table (0 = dropped)
+        self.register_buffer("feature_rows", torch.arange(ngram_buckets + 1, dtype=torch.int32))
+        self.register_buffer("idf", torch.ones(rows + 1))
+        self.idf[0] = 0.0
+        self._build_tables(rows)
         self.bias = nn.Parameter(torch.zeros(num_labels))
+        if self.char_orders:
+            self.register_buffer(
+                "subwords", torch.zeros(vocab_size, SUBWORD_WIDTH, dtype=torch.int32)
+            )
+        else:
+            self.subwords = None
 
+    def _build_tables(self, rows: int) -> None:
+        """(Re)create the weight table(s): ``[rows + 1, num_labels]``, zero (logistic
+        regression starts at zero)."""
+        self.weight = nn.Embedding(rows + 1, self.num_labels, padding_idx=0)
+        nn.init.zeros_(self.weight.weight)
+
+    @classmethod
+    def resolve_config(cls, cfg: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
+        """Fill the ``None`` (auto) orders from prepro's tokenizer (``meta["tokenizer"]``).
+
+        Character tokens (``char``; ``hf`` pieces alike): token 1..4-grams and no sub-word
+        n-grams, the demo's settings. Word tokens (``word``, ``whitespace``): word 1..2-grams
+        (scikit-learn's usual ``ngram_range=(1, 2)``) and character 2..5-grams inside words.
+
+        Args:
+            cfg: constructor arguments (``ngram_orders``/``char_ngram_orders`` may be None).
+            meta: prepro's ``meta.json``.
+
+        Returns:
+            A copy of ``cfg`` with lists in place of None.
+        """
+        words = meta.get("tokenizer") in ("word", "whitespace")
+        out = dict(cfg)
+        if out.get("ngram_orders") is None:
+            out["ngram_orders"] = [1, 2] if words else [1, 2, 3, 4]
+        if out.get("char_ngram_orders") is None:
+            out["char_ngram_orders"] = [2, 3, 4, 5] if words else []
+        return out
+
+    # ----------------------------------------------------------------- features
     def ngram_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Row ids of every n-gram window, 0 where a window touches padding.
+        """Bucket of every token n-gram window, 0 where a window touches padding.
 
         Args:
             input_ids: ``[batch, seq_len]`` int64.
 
         Returns:
-            ``[batch, sum_n (seq_len - n + 1)]`` int64 row ids in ``0..ngram_buckets``.
+            ``[batch, sum_n (seq_len - n + 1)]`` int64 buckets in ``0..ngram_buckets``.
         """
         valid = input_ids != self.pad_id
         parts = []
@@ -78,16 +205,275 @@ class NgramLR(nn.Module):
                 end = k - n + 1
                 h = h + (input_ids[:, k:end] if end < 0 else input_ids[:, k:]) * _PRIMES[k]
                 ok = ok & (valid[:, k:end] if end < 0 else valid[:, k:])
+            h = torch.remainder(torch.remainder(h, _MODULUS) * _MIX, _MODULUS)
             ids = torch.remainder(h, self.buckets) + 1
             parts.append(torch.where(ok, ids, torch.zeros_like(ids)))
         return torch.cat(parts, dim=1)
 
+    def feature_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Buckets of all features of each text, padded: token n-grams, then the character
+        n-grams of every token (0 = none; repeats are kept: they are the term frequencies).
+
+        Args:
+            input_ids: ``[batch, seq_len]`` int64.
+
+        Returns:
+            ``[batch, num_slots]`` int64 in ``0..ngram_buckets``.
+        """
+        ids = self.ngram_ids(input_ids)
+        if self.subwords is None:
+            return ids
+        sub = self.subwords[input_ids].to(torch.int64)  # [batch, seq_len, SUBWORD_WIDTH]
+        return torch.cat([ids, sub.flatten(1)], dim=1)
+
+    def _flat_feature_ids(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`feature_ids` without the padding: ``(text_index, bucket)``, both 1-D int64."""
+        ids = self.ngram_ids(input_ids)
+        keep = ids != 0
+        text = torch.arange(len(input_ids)).unsqueeze(1).expand_as(ids)[keep]
+        ids = ids[keep]
+        if self.subwords is not None:
+            valid = input_ids != self.pad_id
+            sub = self.subwords[input_ids[valid]].to(torch.int64)  # [tokens, SUBWORD_WIDTH]
+            sub_text = torch.arange(len(input_ids)).unsqueeze(1).expand_as(input_ids)[valid]
+            sub_keep = sub != 0
+            text = torch.cat([text, sub_text.unsqueeze(1).expand_as(sub)[sub_keep]])
+            ids = torch.cat([ids, sub[sub_keep]])
+        return text, ids
+
+    def _values(self, rows: torch.Tensor, tf: torch.Tensor) -> torch.Tensor:
+        """Unnormalised value of a feature in a text from its row and term frequency."""
+        if self.weighting == "binary":
+            return (rows != 0).to(torch.float32)
+        return (1.0 + torch.log(tf.clamp(min=1.0))) * self.idf[rows]
+
+    def features(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The sparse feature rows of a batch: each text's distinct kept features and values.
+
+        Args:
+            input_ids: ``[batch, seq_len]`` int64.
+
+        Returns:
+            ``(text, rows, values)``, each ``[nnz]``, sorted by text then row: the text
+            index, the weight-table row (1..num_features) and the value, each text's values
+            of unit L2 norm (the row of a TF-IDF matrix).
+        """
+        text, buckets = self._flat_feature_ids(input_ids)
+        rows = self.feature_rows[buckets].to(torch.int64)
+        kept = rows != 0
+        # one key per (text, row): sorted, the repeats of a feature in a text are adjacent
+        key, _ = torch.sort(text[kept] * (self.num_features + 1) + rows[kept])
+        key, tf = torch.unique_consecutive(key, return_counts=True)
+        text, rows = key // (self.num_features + 1), key % (self.num_features + 1)
+        values = self._values(rows, tf.to(torch.float32))
+        norm = torch.zeros(len(input_ids)).index_add_(0, text, values.square()).sqrt()
+        return text, rows, values / norm.clamp(min=1e-12)[text]
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Args: input_ids ``[batch, seq_len]`` int64. Returns: logits ``[batch, num_labels]``."""
-        ids, _ = torch.sort(self.ngram_ids(input_ids), dim=1)
-        repeat = torch.cat(
-            [torch.zeros_like(ids[:, :1], dtype=torch.bool), ids[:, 1:] == ids[:, :-1]], dim=1
+        if torch.onnx.is_in_onnx_export():
+            return self._forward_padded(input_ids)
+        text, rows, values = self.features(input_ids)
+        per_text = torch.bincount(text, minlength=len(input_ids))
+        offsets = torch.cumsum(per_text, 0) - per_text
+        out = F.embedding_bag(
+            rows, self.weight.weight, offsets, mode="sum", per_sample_weights=values
         )
-        ids = ids.masked_fill(repeat, 0)  # each distinct n-gram once
-        count = (ids != 0).sum(dim=1, keepdim=True).to(torch.float32).clamp(min=1.0)
-        return self.weight(ids).sum(dim=1) / count.sqrt() + self.bias
+        return out + self.bias
+
+    def padded_features(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`features` with static shapes (for the ONNX export): ``(rows, values)``,
+        both ``[batch, num_slots]``, rows sorted per text, each kept feature's value at its
+        first slot and 0 elsewhere (padding, repeats, dropped features)."""
+        rows = self.feature_rows[self.feature_ids(input_ids)].to(torch.int64)
+        rows, _ = torch.sort(rows, dim=1)
+        first = torch.cat(
+            [torch.ones_like(rows[:, :1], dtype=torch.bool), rows[:, 1:] != rows[:, :-1]], dim=1
+        )
+        run = torch.cumsum(first.to(torch.int64), dim=1) - 1  # index of each row's run
+        ones = torch.ones_like(rows, dtype=torch.float32)
+        tf = torch.gather(torch.zeros_like(ones).scatter_add(1, run, ones), 1, run)
+        values = torch.where(first & (rows != 0), self._values(rows, tf), torch.zeros_like(tf))
+        norm = values.square().sum(dim=1, keepdim=True).sqrt().clamp(min=1e-12)
+        return rows, values / norm
+
+    def _forward_padded(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The same logits with static shapes (``[batch, num_slots]``), for the ONNX export."""
+        rows, values = self.padded_features(input_ids)
+        return (self.weight(rows) * values.unsqueeze(-1)).sum(dim=1) + self.bias
+
+    # -------------------------------------------------------------- preparation
+    def prepare(
+        self,
+        vocab_tokens: Sequence[str] | None = None,
+        train_input_ids: Iterable[np.ndarray] | None = None,
+        batch_size: int = 256,
+    ) -> dict[str, Any]:
+        """Build the tables from the training data, before training: the sub-word table
+        (from the vocabulary), the bucket -> row map (buckets seen in at least ``min_df``
+        training texts) and the idf of each row; the weight table is re-created with one row
+        per kept feature (``num_features``, to be saved in config.json).
+
+        Args:
+            vocab_tokens: token strings in id order (``vocab.txt``); ``[PAD]``, ``[UNK]``
+                and other ``[...]`` specials get no sub-words. Needed with
+                ``char_ngram_orders``.
+            train_input_ids: the training texts as int64 id arrays.
+            batch_size: texts per batch when counting document frequencies.
+
+        Returns:
+            Facts for the log: ``num_features``, ``train_texts``, and with sub-words
+            ``subword_words`` and ``subword_truncated`` (words with more than
+            ``SUBWORD_WIDTH`` character n-grams: the rest are not used).
+
+        Raises:
+            ValueError: the vocabulary size differs from ``vocab_size``, or an input is
+                missing.
+        """
+        facts: dict[str, Any] = {}
+        if self.subwords is not None:
+            if vocab_tokens is None:
+                raise ValueError("char_ngram_orders need the vocabulary (vocab_tokens)")
+            if len(vocab_tokens) != self.vocab_size:
+                raise ValueError(
+                    f"vocabulary has {len(vocab_tokens)} tokens, the model vocab_size="
+                    f"{self.vocab_size}"
+                )
+            table = np.zeros((self.vocab_size, SUBWORD_WIDTH), dtype=np.int32)
+            truncated = words = 0
+            for i, token in enumerate(vocab_tokens):
+                if i == self.pad_id or (token.startswith("[") and token.endswith("]")):
+                    continue
+                grams = char_ngrams(token, self.char_orders)
+                rows = [_bucket(g, len(g), self.buckets) for g in grams[:SUBWORD_WIDTH]]
+                table[i, : len(rows)] = rows
+                words += 1
+                truncated += len(grams) > SUBWORD_WIDTH
+            self.subwords.copy_(torch.from_numpy(table))
+            facts.update(subword_words=words, subword_truncated=truncated)
+        if train_input_ids is None:
+            raise ValueError("prepare needs the training texts (train_input_ids)")
+        identity = torch.arange(self.buckets + 1, dtype=torch.int32)
+        self.feature_rows = identity  # count buckets, not rows
+        df = torch.zeros(self.buckets + 1, dtype=torch.int64)
+        n = 0
+        batch: list[np.ndarray] = []
+
+        def count() -> None:
+            width = max(max(len(x) for x in batch), self.min_len)
+            padded = np.full((len(batch), width), self.pad_id, np.int64)
+            for j, x in enumerate(batch):
+                padded[j, : len(x)] = x
+            with torch.no_grad():
+                text, buckets = self._flat_feature_ids(torch.from_numpy(padded))
+                key = torch.unique(text * (self.buckets + 1) + buckets)
+            df.add_(torch.bincount(key % (self.buckets + 1), minlength=self.buckets + 1))
+            batch.clear()
+
+        for x in train_input_ids:
+            batch.append(np.asarray(x, dtype=np.int64))
+            n += 1
+            if len(batch) == batch_size:
+                count()
+        if batch:
+            count()
+        df[0] = 0
+        kept = df >= max(self.min_df, 1)
+        rows = torch.zeros(self.buckets + 1, dtype=torch.int32)
+        rows[kept] = torch.arange(1, int(kept.sum()) + 1, dtype=torch.int32)
+        self.feature_rows = rows
+        self.num_features = int(kept.sum())
+        idf = torch.zeros(self.num_features + 1)
+        idf[1:] = (torch.log((1.0 + n) / (1.0 + df[kept].to(torch.float64))) + 1.0).to(
+            torch.float32
+        )
+        self.idf = idf
+        device = self.bias.device
+        self._build_tables(self.num_features)
+        self.to(device)
+        facts.update(num_features=self.num_features, train_texts=n)
+        return facts
+
+    def saved_config_updates(self) -> dict[str, Any]:
+        """Constructor arguments that :meth:`prepare` changed (merged into config.json)."""
+        return {"num_features": self.num_features}
+
+    def extra_repr(self) -> str:
+        return (
+            f"orders={self.orders}, char_orders={self.char_orders}, buckets={self.buckets}, "
+            f"num_features={self.num_features}, weighting={self.weighting!r}, "
+            f"min_df={self.min_df}"
+        )
+
+
+class MatchNgram(NgramLR):
+    """Sentence pairs: logistic regression over ``[|u - v|, u * v, u . v]`` of the two texts'
+    TF-IDF n-gram vectors ``u``, ``v`` (:class:`NgramLR`'s features: word 1-2-grams and
+    character 2-5-grams inside words, or character 1-4-grams for Chinese).
+
+    ``|u - v|`` (per feature: in one text only, or weighted differently) and ``u * v`` (in
+    both) are the element-wise matching features of Mou et al. 2016 and InferSent (Conneau et
+    al. 2017), here over sparse n-gram vectors instead of sentence embeddings; ``u . v`` is
+    their cosine similarity (both rows have unit norm), one more input with its own weights.
+    Each of the two sparse parts has its own ``[num_features + 1, num_labels]`` table, zero-
+    initialised; idf comes from the texts of both sides of the training pairs.
+
+    Args: as :class:`NgramLR`.
+    """
+
+    input_names = ("input_ids", "input_ids2")
+
+    def _build_tables(self, rows: int) -> None:
+        self.weight = nn.Embedding(rows + 1, self.num_labels, padding_idx=0)  # |u - v|
+        self.weight_prod = nn.Embedding(rows + 1, self.num_labels, padding_idx=0)  # u * v
+        nn.init.zeros_(self.weight.weight)
+        nn.init.zeros_(self.weight_prod.weight)
+        self.cosine = nn.Linear(1, self.num_labels, bias=False)
+        nn.init.zeros_(self.cosine.weight)
+
+    def forward(self, input_ids: torch.Tensor, input_ids2: torch.Tensor) -> torch.Tensor:
+        """Args: input_ids ``[batch, len1]``, input_ids2 ``[batch, len2]`` int64.
+        Returns: logits ``[batch, num_labels]``."""
+        batch = len(input_ids)
+        if torch.onnx.is_in_onnx_export():
+            return self._forward_padded_pair(input_ids, input_ids2)
+        text_u, rows_u, val_u = self.features(input_ids)
+        text_v, rows_v, val_v = self.features(input_ids2)
+        # align u and v on (pair, row): the union of both texts' features
+        key = torch.cat([text_u, text_v]) * (self.num_features + 1) + torch.cat([rows_u, rows_v])
+        key, inverse = torch.unique(key, sorted=True, return_inverse=True)
+        u = torch.zeros(len(key)).index_add_(0, inverse[: len(text_u)], val_u)
+        v = torch.zeros(len(key)).index_add_(0, inverse[len(text_u) :], val_v)
+        pair, rows = key // (self.num_features + 1), key % (self.num_features + 1)
+        per_pair = torch.bincount(pair, minlength=batch)
+        offsets = torch.cumsum(per_pair, 0) - per_pair
+        diff = F.embedding_bag(
+            rows, self.weight.weight, offsets, mode="sum", per_sample_weights=(u - v).abs()
+        )
+        prod = F.embedding_bag(
+            rows, self.weight_prod.weight, offsets, mode="sum", per_sample_weights=u * v
+        )
+        cos = torch.zeros(batch).index_add_(0, pair, u * v).unsqueeze(1)
+        return diff + prod + self.cosine(cos) + self.bias
+
+    def _forward_padded_pair(
+        self, input_ids: torch.Tensor, input_ids2: torch.Tensor
+    ) -> torch.Tensor:
+        """The same logits with static shapes, for the ONNX export."""
+        rows_u, val_u = self.padded_features(input_ids)
+        rows_v, val_v = self.padded_features(input_ids2)
+        rows = torch.cat([rows_u, rows_v], dim=1)
+        rows, order = torch.sort(rows, dim=1)
+        side_u = torch.cat([val_u, torch.zeros_like(val_v)], dim=1).gather(1, order)
+        side_v = torch.cat([torch.zeros_like(val_u), val_v], dim=1).gather(1, order)
+        first = torch.cat(
+            [torch.ones_like(rows[:, :1], dtype=torch.bool), rows[:, 1:] != rows[:, :-1]], dim=1
+        )
+        run = torch.cumsum(first.to(torch.int64), dim=1) - 1
+        u = torch.gather(torch.zeros_like(side_u).scatter_add(1, run, side_u), 1, run)
+        v = torch.gather(torch.zeros_like(side_v).scatter_add(1, run, side_v), 1, run)
+        keep = (first & (rows != 0)).to(torch.float32)
+        diff, prod = (u - v).abs() * keep, u * v * keep
+        logits = (self.weight(rows) * diff.unsqueeze(-1)).sum(dim=1)
+        logits = logits + (self.weight_prod(rows) * prod.unsqueeze(-1)).sum(dim=1)
+        return logits + self.cosine(prod.sum(dim=1, keepdim=True)) + self.bias

@@ -67,6 +67,9 @@ class MatchESIM(nn.Module):
         pad_id: padding token id.
     """
 
+    #: ``train.learning_rate: null`` means this (Adam's default; ESIM used 4e-4 (Chen et al. 2017)).
+    default_learning_rate = 1e-3
+
     input_names = PAIR_INPUTS
 
     def __init__(
@@ -134,6 +137,9 @@ class Siamese(nn.Module):
     Raises:
         ValueError: unknown ``siamese_encoder``.
     """
+
+    #: ``train.learning_rate: null`` means this (Adam's default (Kingma & Ba 2015)).
+    default_learning_rate = 1e-3
 
     input_names = PAIR_INPUTS
 

@@ -77,6 +77,9 @@ class TextCNN(TextCNNEncoder):
         pad_id: padding token id; padded positions are masked out of the max-pool.
     """
 
+    #: ``train.learning_rate: null`` means this (Adam's default (Kingma & Ba 2015)).
+    default_learning_rate = 1e-3
+
     def __init__(
         self,
         vocab_size: int,

