@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -262,6 +263,11 @@ def test_viz_and_scripts_through_the_cli(in_project):
     diff = xdpx("script", "diff_params", "models/run", "other.yaml")
     assert diff.stdout.splitlines() == ["learning_rate\t0.01\t0.5"]
     checkpoints = sorted(p.name for p in (in_project / "models/run").glob("checkpoint-*"))
-    assert len(checkpoints) == 2  # keep_checkpoints: one per epoch; best and last are both kept
+    assert len(checkpoints) == 2  # keep_checkpoints: one per epoch
+    kept = {
+        f"checkpoint-{json.loads((in_project / 'models/run' / d / 'config.json').read_text())['update']}"
+        for d in ("best", "last")
+    }
     dry = xdpx("script", "clean_checkpoints", "models", "--dry")
-    assert dry.exit_code == 0 and "checkpoint-" not in dry.stdout
+    removed = {line.rsplit("/", 1)[-1] for line in dry.stdout.splitlines() if "checkpoint-" in line}
+    assert dry.exit_code == 0 and removed == set(checkpoints) - kept  # best and last are kept
