@@ -26,15 +26,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
-
-from scipy import stats
 
 _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:  # run as a script: bench.baseline (and xdpx without `pip install -e .`)
@@ -44,6 +40,7 @@ from bench.baseline import run_baseline  # noqa: E402
 from stages import evaluate, fetch, prepro, train  # noqa: E402
 from xdpx import io  # noqa: E402
 from xdpx.config import Params, load_params  # noqa: E402
+from xdpx.suite import summarize  # noqa: E402  (mean paired difference, SE, t interval)
 
 __all__ = ["run_split", "summarize", "main"]
 
@@ -100,36 +97,6 @@ def run_split(params: Params, seed: int, work_dir: str) -> dict[str, Any]:
     result["difference"] = result["xdpx"]["test"] - result["baseline"]["test"]
     result["seconds"] = round(time.perf_counter() - start, 1)
     return result
-
-
-def summarize(splits: list[dict[str, Any]]) -> dict[str, Any]:
-    """Mean test difference over splits, its standard error and a Student-t 95% interval.
-
-    Args:
-        splits: results of ``run_split``.
-
-    Returns:
-        ``{"k", "mean_xdpx", "mean_baseline", "mean_difference", "se", "ci95", "wins"}``;
-        ``se``/``ci95`` are None for a single split (no spread to estimate).
-    """
-    k = len(splits)
-    diffs = [s["difference"] for s in splits]
-    mean = statistics.fmean(diffs)
-    out: dict[str, Any] = {
-        "k": k,
-        "mean_xdpx": statistics.fmean(s["xdpx"]["test"] for s in splits),
-        "mean_baseline": statistics.fmean(s["baseline"]["test"] for s in splits),
-        "mean_difference": mean,
-        "wins": sum(d > 0 for d in diffs),
-        "ties": sum(d == 0 for d in diffs),
-        "se": None,
-        "ci95": None,
-    }
-    if k > 1:
-        se = statistics.stdev(diffs) / math.sqrt(k)
-        half = float(stats.t.ppf(0.975, k - 1)) * se
-        out.update(se=se, ci95=[mean - half, mean + half])
-    return out
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
