@@ -182,6 +182,9 @@ def _train(
     model_config = model_config_from(
         cfg.model, cfg, meta["vocab_size"], meta["num_labels"], meta.get("pad_id", 0), meta
     )
+    if resume_path is not None:  # tables built from the data (ngram_lr's num_features) as saved
+        saved = json.loads(io.read_text(io.join(resume_path, "config.json")))["model_config"]
+        model_config = {**model_config, **{k: v for k, v in saved.items() if k not in model_config}}
     model = build_model(cfg.model, model_config)
     if hasattr(model, "prepare") and resume_path is None:  # ngram_lr: sub-word and idf tables
         texts = list(train.input_ids) + list(train.input_ids2 or [])  # pairs: both sides

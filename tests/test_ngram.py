@@ -185,3 +185,31 @@ def test_balanced_class_weight_lifts_the_rare_class(tmp_path) -> None:
         # macro recall = mean of the two recalls; the majority class's recall is near 1
         recall[weight] = metrics["macro_recall"]
     assert recall["balanced"] > recall[None] + 0.03, recall
+
+
+def test_resume_rebuilds_the_prepared_tables(tmp_path) -> None:
+    """A default ngram_lr run (TF-IDF, compact table sized by the data) that crashes after
+    its evaluation at update 3 and is resumed ends with the weights of an uninterrupted run."""
+    from safetensors.torch import load_file
+
+    from stages import prepro, train
+    from xdpx.config import PreproConfig, TrainConfig
+
+    raw, prepared = tmp_path / "raw", tmp_path / "prepared"
+    fetch.run(FetchConfig(out_dir=str(raw), limit=600, seed=1))
+    prepro.run(PreproConfig(data_source=str(raw), data_dir=str(prepared)))
+    common = dict(data_dir=str(prepared), batch_size=16, eval_interval=3, max_update=6)
+    common.update(save_full_checkpoint=True, threads=1)
+    train.run(TrainConfig(save_dir=str(tmp_path / "whole"), **common))
+
+    def crash(event) -> None:
+        raise RuntimeError(f"crash after update {event.update}")
+
+    with pytest.raises(RuntimeError, match="crash after update 3"):
+        train.run(TrainConfig(save_dir=str(tmp_path / "parts"), **common), on_eval=crash)
+    train.run(TrainConfig(save_dir=str(tmp_path / "parts"), resume=True, **common))
+    whole = load_file(str(tmp_path / "whole" / "last" / "model.safetensors"))
+    parts = load_file(str(tmp_path / "parts" / "last" / "model.safetensors"))
+    assert set(whole) == set(parts) and whole["weight.weight"].shape[0] > 1000
+    for key in whole:
+        assert torch.equal(whole[key], parts[key]), key
