@@ -164,6 +164,12 @@ def run_corpus_seed(
     }
 
 
+def _mean_of(values: Any) -> float | None:
+    """Mean of ``values``, or None when any is missing."""
+    values = list(values)
+    return None if not values or None in values else statistics.fmean(values)
+
+
 def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Mean test difference over runs, its standard error and a Student-t 95% interval.
 
@@ -175,7 +181,8 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         ``{"k", "mean_xdpx", "mean_baseline", "mean_difference", "se", "ci95", "wins",
         "ties", "paired_se", "xdpx_seconds", "baseline_seconds"}``; ``se``/``ci95`` are
         None for a single run (no spread to estimate); ``paired_se`` is the mean per-text
-        paired SE of the runs (None when the runs carry none).
+        paired SE of the runs and ``*_seconds`` the mean times (None when the runs carry
+        none).
     """
     from scipy import stats
 
@@ -193,8 +200,8 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "se": None,
         "ci95": None,
         "paired_se": statistics.fmean(paired) if paired else None,
-        "xdpx_seconds": statistics.fmean(r["xdpx"].get("seconds", 0.0) for r in runs),
-        "baseline_seconds": statistics.fmean(r["baseline"].get("seconds", 0.0) for r in runs),
+        "xdpx_seconds": _mean_of(r["xdpx"].get("seconds") for r in runs),
+        "baseline_seconds": _mean_of(r["baseline"].get("seconds") for r in runs),
     }
     if k > 1:
         se = statistics.stdev(diffs) / math.sqrt(k)
@@ -219,8 +226,8 @@ def format_table(per_corpus: dict[str, dict[str, Any]], overall: dict[str, Any])
         lines.append(
             f"| {name} | {s['model']} | {s['k']} | {_pct(s['mean_baseline'])} | "
             f"{_pct(s['mean_xdpx'])} | {100 * s['mean_difference']:+.2f}{se} | "
-            f"{_pct(s['paired_se'])} | {s['wins']}/{s['k']} | {s['xdpx_seconds']:.0f} | "
-            f"{s['baseline_seconds']:.0f} |"
+            f"{_pct(s['paired_se'])} | {s['wins']}/{s['k']} | {s['xdpx_seconds'] or 0:.0f} | "
+            f"{s['baseline_seconds'] or 0:.0f} |"
         )
     se = "" if overall["se"] is None else f" ± {_pct(overall['se'])}"
     lines.append(
