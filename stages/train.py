@@ -56,7 +56,10 @@ def write_bundle(cfg: TrainConfig, meta: dict, resumed_from: str | None = None) 
         io.join(cfg.save_dir, "params.yaml"),
         dump_yaml({"train": cfg, "prepro": meta.get("prepro", {})}),
     )
-    io.write_text(io.join(cfg.save_dir, "starter.yaml"), dump_yaml({"train": non_defaults(cfg)}))
+    starter = non_defaults(cfg)
+    if starter.get("learning_rate") == default_learning_rate(cfg.model):
+        del starter["learning_rate"]  # what learning_rate: null means for this model
+    io.write_text(io.join(cfg.save_dir, "starter.yaml"), dump_yaml({"train": starter}))
     repro = {
         "command": sys.argv,
         "git_commit": _git("rev-parse", "HEAD").strip(),

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from xdpx import io
-from xdpx.baselines import run_baseline
+from xdpx.baselines import read_tsv, run_baseline
 from xdpx.config import EvaluateConfig, Params
 from xdpx.data.corpora import CORPORA, Corpus, materialize
 from xdpx.models import PAIR_INPUTS, input_names
@@ -130,8 +130,6 @@ def run_corpus_seed(
         text2_column=columns["text2_column"],
         analyzer="char" if corpus.language == "zh" else "word",
     )
-    from xdpx.baselines import read_tsv
-
     pred = read_tsv(predictions, ["label", "pred_label"])
     ours_correct = (pred["label"] == pred["pred_label"]).astype(int).tolist()
     if len(ours_correct) != len(base["test_correct"]):

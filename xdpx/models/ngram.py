@@ -51,7 +51,7 @@ Weighting = Literal["binary", "tfidf"]
 
 def char_ngrams(word: str, orders: Sequence[int]) -> list[str]:
     """Character n-grams of ``<word>`` (fastText's boundary markers), by start position,
-    each start's orders ascending; n-grams that are the bare markers are skipped.
+    each start's orders ascending; an n-gram as long as ``<word>`` itself is skipped.
 
     >>> char_ngrams("ab", [2, 3])
     ['<a', '<ab', 'ab', 'ab>', 'b>']
