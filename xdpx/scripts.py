@@ -261,7 +261,8 @@ def _normalise(params: dict[str, Any]) -> dict[str, Any]:
     """Defaults filled in, each known value coerced by its ``TrainConfig`` field type (JSON form).
 
     So ``1e-3`` (a YAML 1.1 string), ``0.001`` and tuples vs lists compare
-    equal. A value its field rejects, or an unknown key (a run from another
+    equal, and ``learning_rate: null`` is the model's default learning rate (what it
+    means in training). A value its field rejects, or an unknown key (a run from another
     version), is kept as written.
     """
     from pydantic import TypeAdapter, ValidationError
@@ -278,6 +279,11 @@ def _normalise(params: dict[str, Any]) -> dict[str, Any]:
             except ValidationError:
                 pass
         out[key] = value
+    if out.get("learning_rate") is None:
+        from xdpx.models import MODELS, default_learning_rate
+
+        if out.get("model") in MODELS:
+            out["learning_rate"] = default_learning_rate(out["model"])
     return out
 
 
