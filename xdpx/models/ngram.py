@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from xdpx.inference import pad_batch
+
 # Multipliers for position k of an n-gram window (distinct primes below _MODULUS):
 # h = order salt + sum_k ids[i+k] * P_k (< 2^50 for ids < 2^17), then
 # bucket = ((h mod _MODULUS) * _MIX mod _MODULUS) mod buckets. Reduced straight modulo a
@@ -63,6 +65,25 @@ def char_ngrams(word: str, orders: Sequence[int]) -> list[str]:
             if i + n <= len(w) and n < len(w):
                 out.append(w[i : i + n])
     return out
+
+
+def _run_totals(rows: torch.Tensor, *values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Runs of equal ids in rows sorted per text, with static shapes (ONNX export).
+
+    Args:
+        rows: ``[batch, slots]`` int64, sorted along dim 1.
+        values: ``[batch, slots]`` float32 tensors to total over each run.
+
+    Returns:
+        ``(first, *totals)``: ``first`` ``[batch, slots]`` bool marks each run's first slot;
+        each total holds, at every slot, the sum of its values over that slot's run.
+    """
+    first = torch.cat(
+        [torch.ones_like(rows[:, :1], dtype=torch.bool), rows[:, 1:] != rows[:, :-1]], dim=1
+    )
+    run = torch.cumsum(first.to(torch.int64), dim=1) - 1  # index of each slot's run
+    totals = [torch.gather(torch.zeros_like(v).scatter_add(1, run, v), 1, run) for v in values]
+    return (first, *totals)
 
 
 def _bucket(gram: str, n: int, buckets: int) -> int:
@@ -287,12 +308,7 @@ class NgramLR(nn.Module):
         first slot and 0 elsewhere (padding, repeats, dropped features)."""
         rows = self.feature_rows[self.feature_ids(input_ids)].to(torch.int64)
         rows, _ = torch.sort(rows, dim=1)
-        first = torch.cat(
-            [torch.ones_like(rows[:, :1], dtype=torch.bool), rows[:, 1:] != rows[:, :-1]], dim=1
-        )
-        run = torch.cumsum(first.to(torch.int64), dim=1) - 1  # index of each row's run
-        ones = torch.ones_like(rows, dtype=torch.float32)
-        tf = torch.gather(torch.zeros_like(ones).scatter_add(1, run, ones), 1, run)
+        first, tf = _run_totals(rows, torch.ones_like(rows, dtype=torch.float32))
         values = torch.where(first & (rows != 0), self._values(rows, tf), torch.zeros_like(tf))
         norm = values.square().sum(dim=1, keepdim=True).sqrt().clamp(min=1e-12)
         return rows, values / norm
@@ -360,12 +376,9 @@ class NgramLR(nn.Module):
         batch: list[np.ndarray] = []
 
         def count() -> None:
-            width = max(max(len(x) for x in batch), self.min_len)
-            padded = np.full((len(batch), width), self.pad_id, np.int64)
-            for j, x in enumerate(batch):
-                padded[j, : len(x)] = x
             with torch.no_grad():
-                text, buckets = self._flat_feature_ids(torch.from_numpy(padded))
+                padded = pad_batch(batch, self.pad_id, self.min_len)
+                text, buckets = self._flat_feature_ids(padded)
                 key = torch.unique(text * (self.buckets + 1) + buckets)
             df.add_(torch.bincount(key % (self.buckets + 1), minlength=self.buckets + 1))
             batch.clear()
@@ -466,12 +479,7 @@ class MatchNgram(NgramLR):
         rows, order = torch.sort(rows, dim=1)
         side_u = torch.cat([val_u, torch.zeros_like(val_v)], dim=1).gather(1, order)
         side_v = torch.cat([torch.zeros_like(val_u), val_v], dim=1).gather(1, order)
-        first = torch.cat(
-            [torch.ones_like(rows[:, :1], dtype=torch.bool), rows[:, 1:] != rows[:, :-1]], dim=1
-        )
-        run = torch.cumsum(first.to(torch.int64), dim=1) - 1
-        u = torch.gather(torch.zeros_like(side_u).scatter_add(1, run, side_u), 1, run)
-        v = torch.gather(torch.zeros_like(side_v).scatter_add(1, run, side_v), 1, run)
+        first, u, v = _run_totals(rows, side_u, side_v)
         keep = (first & (rows != 0)).to(torch.float32)
         diff, prod = (u - v).abs() * keep, u * v * keep
         logits = (self.weight(rows) * diff.unsqueeze(-1)).sum(dim=1)
