@@ -24,7 +24,12 @@ from xdpx.config import TrainConfig, dump_yaml, non_defaults
 from xdpx.data import VOCAB_FILE, Vocab, load_split
 from xdpx.distill import load_teacher_logits
 from xdpx.inference import as_samples
-from xdpx.models import build_model, default_learning_rate, model_config_from
+from xdpx.models import (
+    build_model,
+    default_learning_rate,
+    model_config_from,
+    with_default_learning_rate,
+)
 from xdpx.stage import stage_main
 from xdpx.trainer import EvalEvent, Trainer, TrainResult
 
@@ -147,8 +152,7 @@ def run(cfg: TrainConfig, on_eval: Callable[[EvalEvent], None] | None = None) ->
             (``xdpx.distill.load_teacher_logits``: names the file and line).
     """
     cfg = preflight.check("train", cfg)
-    if cfg.learning_rate is None:  # the model's default, written as such into the run's params
-        cfg = cfg.model_copy(update={"learning_rate": default_learning_rate(cfg.model)})
+    cfg = with_default_learning_rate(cfg)  # written as such into the run's params.yaml
     resume_path = _resume_path(cfg)
     previous = preflight.run_markers_in(cfg.save_dir)
     distributed = _init_distributed(cfg)

@@ -97,7 +97,7 @@ from xdpx.distill import distill_loss
 from xdpx.errors import DivergenceError, LossScaleError, NonFiniteLossError
 from xdpx.inference import Batch, call_model, pad_batch, predict_probs, to_device
 from xdpx.metrics import classification_metrics, is_better
-from xdpx.models import default_learning_rate
+from xdpx.models import with_default_learning_rate
 from xdpx.optim import param_groups, warmup_updates
 
 log = logging.getLogger("xdpx.trainer")
@@ -446,8 +446,7 @@ class Trainer:
             raise ValueError(
                 f"teacher_logits must be [{len(train_seqs)}, num_labels], got {teacher_logits.shape}"
             )
-        if cfg.learning_rate is None:  # the model's default
-            cfg = cfg.model_copy(update={"learning_rate": default_learning_rate(model_name)})
+        cfg = with_default_learning_rate(cfg)
         self.cfg = cfg
         distributed = dist.is_available() and dist.is_initialized()
         self.world_size = dist.get_world_size() if distributed else 1

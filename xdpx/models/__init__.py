@@ -100,6 +100,14 @@ def default_learning_rate(name: str) -> float:
     return float(MODELS[name].default_learning_rate)
 
 
+def with_default_learning_rate(train_cfg: Any) -> Any:
+    """``train_cfg`` (a TrainConfig), with ``learning_rate: null`` replaced by its model's
+    :func:`default_learning_rate`; unchanged (the same object) otherwise."""
+    if train_cfg.learning_rate is not None:
+        return train_cfg
+    return train_cfg.model_copy(update={"learning_rate": default_learning_rate(train_cfg.model)})
+
+
 def build_model(name: str, model_config: dict) -> nn.Module:
     """Instantiate ``MODELS[name](**model_config)``.
 
@@ -126,4 +134,5 @@ __all__ = [
     "default_learning_rate",
     "input_names",
     "model_config_from",
+    "with_default_learning_rate",
 ]
