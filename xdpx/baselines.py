@@ -15,6 +15,7 @@ to the smaller ``C``, the stronger regularisation); test is scored once, with th
 
 from __future__ import annotations
 
+import csv
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -22,6 +23,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
+
+from xdpx import io
 
 __all__ = ["C_GRID", "read_tsv", "tfidf_lr", "pair_tfidf_lr", "run_baseline"]
 
@@ -35,10 +38,6 @@ def read_tsv(path: str, columns: Sequence[str]) -> pd.DataFrame:
     Raises:
         KeyError: a column is missing (names the file and the columns found).
     """
-    import csv
-
-    from xdpx import io
-
     with io.open(path, "rb") as f:
         df = pd.read_csv(f, sep="\t", quoting=csv.QUOTE_NONE, keep_default_na=False, dtype=str)
     missing = [c for c in columns if c not in df.columns]
@@ -155,8 +154,6 @@ def run_baseline(
     Raises:
         KeyError: a column is missing from a file.
     """
-    from xdpx import io
-
     cols = [text_column, *([text2_column] if text2_column else []), label_column]
     frames = {s: read_tsv(io.join(data_dir, f"{s}.tsv"), cols) for s in ("train", "dev", "test")}
     texts = {s: df[text_column].tolist() for s, df in frames.items()}

