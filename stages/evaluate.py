@@ -2,7 +2,7 @@
 
 Writes ``metrics_file`` (DVC metrics: ``{split: {accuracy, macro_f1, ...}}``),
 a confusion-matrix PNG of the last split and, when the checkpoint sits in a
-run directory with a ``valid.log.tsv``, ``valid_curve.png`` beside it.
+run directory with a ``valid.log.tsv``, its validation curve (``curve_png``).
 Scores come from ``xdpx.inference.predict_probs``, the code the trainer
 validates with, so the dev score equals the best one logged in training.
 """
@@ -15,8 +15,8 @@ import logging
 import pandas as pd
 from pydantic import BaseModel
 
-from xdpx import io, preflight
-from xdpx.checkpoint import load_checkpoint
+from xdpx import io
+from xdpx.checkpoint import check_reader, load_checkpoint
 from xdpx.config import EvaluateConfig
 from xdpx.data import load_split
 from xdpx.inference import as_samples, predict_probs
@@ -36,6 +36,11 @@ class EvaluateResult(BaseModel):
     confusion_png: str
 
 
+def check(cfg: EvaluateConfig) -> EvaluateConfig:
+    """Pre-flight checks (``xdpx.checkpoint.check_reader``), before any work."""
+    return check_reader("evaluate", cfg)
+
+
 @io.stage("evaluate")
 def run(cfg: EvaluateConfig) -> EvaluateResult:
     """Score ``cfg.checkpoint`` on ``cfg.splits`` of ``cfg.data_dir``.
@@ -44,7 +49,7 @@ def run(cfg: EvaluateConfig) -> EvaluateResult:
         CheckpointError: missing/incomplete checkpoint or alias.
         ValueError: the data's target map differs from the checkpoint's.
     """
-    cfg = preflight.check("evaluate", cfg)
+    cfg = check(cfg)
     ckpt = load_checkpoint(cfg.checkpoint)
     data_labels = io.read_text(io.join(cfg.data_dir, "target_map.txt")).split()
     ckpt_labels = io.read_text(io.join(ckpt.path, "target_map.txt")).split()
@@ -72,8 +77,7 @@ def run(cfg: EvaluateConfig) -> EvaluateResult:
         df = pd.read_csv(io.open(valid_log), sep="\t")
         major = _major_metric(run_dir)
         if major in df.columns and len(df):
-            curve = io.join(io.dirname(cfg.confusion_png), "valid_curve.png")
-            save_figure(valid_curve_figure(df, major, METRIC_DIRECTIONS[major]), curve)
+            save_figure(valid_curve_figure(df, major, METRIC_DIRECTIONS[major]), cfg.curve_png)
     return EvaluateResult(
         checkpoint=ckpt.path,
         metrics=metrics,
@@ -105,6 +109,7 @@ def main(argv: list[str] | None = None) -> EvaluateResult:
             for split, m in r.metrics.items()
         ),
         argv,
+        check,
     )
 
 

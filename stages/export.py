@@ -42,8 +42,8 @@ import onnxruntime
 import torch
 from pydantic import BaseModel, Field
 
-from xdpx import io, preflight
-from xdpx.checkpoint import ASSETS, load_checkpoint
+from xdpx import io
+from xdpx.checkpoint import ASSETS, check_reader, load_checkpoint
 from xdpx.config import ExportConfig
 from xdpx.data import load_split
 from xdpx.export import (
@@ -129,6 +129,11 @@ def _remove_stale(out_dir: str) -> None:
             io.rm(path)
 
 
+def check(cfg: ExportConfig) -> ExportConfig:
+    """Pre-flight checks (``xdpx.checkpoint.check_reader``), before any work."""
+    return check_reader("export", cfg)
+
+
 @io.stage("export")
 def run(cfg: ExportConfig) -> ExportResult:
     """Export ``cfg.checkpoint`` to ``{cfg.out_dir}/model.onnx`` and verify it.
@@ -146,7 +151,7 @@ def run(cfg: ExportConfig) -> ExportResult:
         ExportParityError: onnxruntime logits differ from eager ones by more than
             ``cfg.atol``; ``out_dir`` then holds no ``model.onnx`` / ``report.json``.
     """
-    cfg = preflight.check("export", cfg)
+    cfg = check(cfg)
     ckpt = load_checkpoint(cfg.checkpoint)
     model = ckpt.model.cpu().eval()
     pad_id = int(ckpt.model_config.get("pad_id", 0))
@@ -233,7 +238,7 @@ def main(argv: list[str] | None = None) -> ExportResult:
             f"<= {result.parity['atol']:.0e} over {result.parity['num_samples']} samples); {speed}"
         )
 
-    return stage_main("export", run, summary, argv)
+    return stage_main("export", run, summary, argv, check)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ import logging
 
 from pydantic import BaseModel
 
-from xdpx import io, preflight
-from xdpx.checkpoint import load_checkpoint
+from xdpx import io
+from xdpx.checkpoint import check_reader, load_checkpoint
 from xdpx.config import PredictConfig, PreproConfig
 from xdpx.data import DataError, Encoder, read_examples
 from xdpx.distill import teacher_rows
@@ -36,6 +36,11 @@ class PredictResult(BaseModel):
     label_counts: dict[str, int]
 
 
+def check(cfg: PredictConfig) -> PredictConfig:
+    """Pre-flight checks (``xdpx.checkpoint.check_reader``), before any work."""
+    return check_reader("predict", cfg)
+
+
 @io.stage("predict")
 def run(cfg: PredictConfig) -> PredictResult:
     """Predict every line of ``cfg.data_file`` with ``cfg.checkpoint``; write ``cfg.out_file``.
@@ -45,7 +50,7 @@ def run(cfg: PredictConfig) -> PredictResult:
         DataError: a malformed input line (file:line and reason), unless the
             training prepro had ``skip_bad_lines``.
     """
-    cfg = preflight.check("predict", cfg)
+    cfg = check(cfg)
     ckpt = load_checkpoint(cfg.checkpoint)
     meta = json.loads(io.read_text(io.join(ckpt.path, "meta.json")))
     prepro = PreproConfig(**meta["prepro"])
@@ -97,6 +102,7 @@ def main(argv: list[str] | None = None) -> PredictResult:
         run,
         lambda r: f"wrote {r.rows} predictions to {r.out_file} ({r.label_counts})",
         argv,
+        check,
     )
 
 

@@ -26,6 +26,7 @@ from xdpx.distill import load_teacher_logits
 from xdpx.inference import as_samples
 from xdpx.models import (
     build_model,
+    check_model_fits_data,
     default_learning_rate,
     model_config_from,
     with_default_learning_rate,
@@ -131,6 +132,23 @@ def _report_loading(cfg: TrainConfig, info: dict[str, list[str]] | None) -> None
 
 
 @io.stage("train")
+def check(cfg: TrainConfig) -> TrainConfig:
+    """Pre-flight checks before any work: the model fits the prepared data, a checkpoint to
+    resume from resolves, and the run directory (``xdpx.preflight.check_run_dir``: may pick
+    ``<save_dir>-N`` under ``auto_suffix``).
+
+    Raises:
+        FileNotFoundError, FileExistsError, CheckpointError, ValueError: see ``run``.
+    """
+    preflight.must_exist(
+        "train", "data_dir", io.join(cfg.data_dir, "meta.json"), "run prepro first"
+    )
+    check_model_fits_data(cfg.model, cfg.data_dir, "train.model")
+    if cfg.resume_from:
+        resolve_checkpoint(cfg.resume_from)
+    return preflight.check_run_dir(cfg)
+
+
 def run(cfg: TrainConfig, on_eval: Callable[[EvalEvent], None] | None = None) -> TrainResult:
     """Train one model; see the module docstring for the outputs.
 
@@ -151,7 +169,7 @@ def run(cfg: TrainConfig, on_eval: Callable[[EvalEvent], None] | None = None) ->
         DataError: ``distill_from`` is unreadable or not aligned with the training split
             (``xdpx.distill.load_teacher_logits``: names the file and line).
     """
-    cfg = preflight.check("train", cfg)
+    cfg = check(cfg)
     cfg = with_default_learning_rate(cfg)  # written as such into the run's params.yaml
     resume_path = _resume_path(cfg)
     previous = preflight.run_markers_in(cfg.save_dir)
@@ -276,6 +294,7 @@ def main(argv: list[str] | None = None) -> TrainResult | None:
             f"best valid {r.major_metric}={r.best_score} at update {r.best_update}"
         ),
         args,
+        check,
     )
 
 

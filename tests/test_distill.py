@@ -236,9 +236,7 @@ def test_config_rules(real_subset, tmp_path):
     with pytest.raises(ConfigError, match="distill_alpha"):
         load_params(str(tmp_path / "none.yaml"), ["train.distill_alpha=1.5"])
     with pytest.raises(FileNotFoundError, match="train.distill_from: .*nope.tsv not found"):
-        from xdpx import preflight
-
         cfg = TrainConfig(
             data_dir=real_subset[1], save_dir=str(tmp_path / "s"), distill_from="nope.tsv"
         )
-        preflight.check("train", cfg)
+        train.check(cfg)

@@ -23,6 +23,8 @@ import pytest
 import torch
 
 from stages import evaluate, export, fetch, predict, prepro, train
+from stages.evaluate import check as check_evaluate
+from stages.train import check as check_train
 from xdpx.checkpoint import load_checkpoint
 from xdpx.config import (
     EvaluateConfig,
@@ -34,7 +36,6 @@ from xdpx.config import (
 )
 from xdpx.inference import as_samples, pad_batch
 from xdpx.models import MODELS, build_model, input_names
-from xdpx.preflight import check
 from xdpx.serve import Predictor, serve_lines
 from xdpx.trainer import find_nonfinite
 
@@ -233,7 +234,7 @@ def test_preflight_pair_model_on_single_text_data(data):
         data_dir=str(data["root"] / "single"), save_dir=str(data["root"] / "x"), model="siamese"
     )
     with pytest.raises(ValueError, match=r"train.model=siamese is a pair model .* single texts"):
-        check("train", cfg)
+        check_train(cfg)
     assert not (data["root"] / "x").exists()
 
 
@@ -244,7 +245,7 @@ def test_preflight_single_text_model_on_pair_data(data):
     with pytest.raises(
         ValueError, match=r"train.model=textcnn takes one text .*\(match_esim, siamese\)"
     ):
-        check("train", cfg)
+        check_train(cfg)
 
 
 def test_preflight_checkpoint_against_data(pipeline, data):
@@ -252,7 +253,7 @@ def test_preflight_checkpoint_against_data(pipeline, data):
         checkpoint=f"{pipeline['run']}/<best>", data_dir=str(data["root"] / "single")
     )
     with pytest.raises(ValueError, match="is a pair model"):
-        check("evaluate", cfg)
+        check_evaluate(cfg)
 
 
 # ----------------------------------------------------------------- model units

@@ -41,8 +41,8 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import nn
 
-from xdpx import io
-from xdpx.models import build_model
+from xdpx import io, preflight
+from xdpx.models import build_model, check_model_fits_data
 
 __all__ = [
     "ASSETS",
@@ -264,3 +264,35 @@ def load_training_state(path: str) -> dict[str, Any]:
     except Exception as e:
         raise CheckpointError(f"{path}/model.safetensors is corrupt: {e}") from None
     return out
+
+
+def check_reader(section: str, cfg: Any) -> Any:
+    """Pre-flight of a stage that reads a checkpoint (evaluate, predict, export).
+
+    The checkpoint resolves to a complete one, its inputs exist, its model fits the
+    data, and its outputs on an object store answer (``xdpx.preflight``). Returns ``cfg``.
+
+    Raises:
+        CheckpointError: the path/alias does not resolve to a complete checkpoint.
+        FileNotFoundError: ``data_file`` / prepared ``data_dir`` missing.
+        ValueError: the checkpoint's model does not fit the data.
+        RemoteIOError: an output's object store did not answer (after retries).
+    """
+    path = resolve_checkpoint(cfg.checkpoint)
+    if section == "predict":
+        preflight.must_exist(section, "data_file", cfg.data_file)
+        outputs: tuple[str, ...] = (cfg.out_file,)
+    else:
+        preflight.must_exist(
+            section, "data_dir", io.join(cfg.data_dir, "meta.json"), "run prepro first"
+        )
+        model = json.loads(io.read_text(io.join(path, "config.json")))["model"]
+        check_model_fits_data(model, cfg.data_dir, f"{section}.checkpoint {path}: model")
+        outputs = (
+            (cfg.metrics_file, cfg.confusion_png, cfg.curve_png)
+            if section == "evaluate"
+            else (cfg.out_dir,)
+        )
+    for out in outputs:
+        preflight.reachable(out)
+    return cfg

@@ -45,7 +45,27 @@ class ConfigError(ValueError):
 
 
 class _Section(BaseModel):
+    """A params section. A string may name another section's key, ``${train.save_dir}``.
+
+    Such references are resolved when params are loaded (:func:`load_params`,
+    :func:`load_stage_configs`: against the other sections of the same file and its
+    overrides). A section built directly in Python (``EvaluateConfig()``) resolves
+    them against the referenced keys' defaults.
+    """
+
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_default_refs(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        name = next((n for n, c in SECTIONS.items() if c is cls), None)
+        if name is None:
+            return data
+        raw = {name: dict(data)}
+        _resolve_refs(raw, fill_all=False)
+        return raw[name]
 
 
 class FetchConfig(_Section):
@@ -135,6 +155,10 @@ class PreproConfig(_Section):
 ModelName = Literal[
     "ngram_lr", "textcnn", "bilstm", "match_esim", "siamese", "match_ngram", "hf_classifier"
 ]
+#: Models without a token embedding layer (no ``get_input_embeddings``): FreeLB does not apply.
+#: Kept here as data so validating a config imports no model code; tests/test_freelb.py
+#: checks it against ``xdpx.models.MODELS``.
+MODELS_WITHOUT_EMBEDDINGS = ("ngram_lr", "match_ngram")
 
 
 class TrainConfig(_Section):
@@ -399,9 +423,7 @@ class TrainConfig(_Section):
                 "or, for a randomly initialised model, train.hf_config (e.g. {num_hidden_layers: 2})"
             )
         if self.adv == "freelb":
-            from xdpx.models import MODELS
-
-            if not hasattr(MODELS[self.model], "get_input_embeddings"):
+            if self.model in MODELS_WITHOUT_EMBEDDINGS:
                 raise ValueError(
                     f"adv=freelb perturbs the embedding output but model={self.model} has no "
                     "embedding layer (get_input_embeddings); use textcnn, bilstm, match_esim, "
@@ -418,21 +440,34 @@ class EvaluateConfig(_Section):
     """``evaluate``: metrics of a checkpoint on prepared splits."""
 
     checkpoint: str = Field(
-        "models/default/<best>", description="Checkpoint dir or alias <run>/<best>|<last>."
+        "${train.save_dir}/<best>",
+        description="Checkpoint dir or alias <run>/<best>|<last>; default: the train stage's run.",
     )
-    data_dir: str = Field("data/prepared", description="Prepared data to evaluate on.")
+    data_dir: str = Field("${prepro.data_dir}", description="Prepared data to evaluate on.")
     splits: list[str] = Field(["dev", "test"], description="Splits to score.")
     batch_size: int = Field(256, ge=1, description="Inference batch size.")
     metrics_file: str = Field("reports/metrics.json", description="DVC metrics file written.")
     confusion_png: str = Field(
         "reports/confusion.png", description="Confusion matrix of the last split."
     )
+    curve_png: str | None = Field(
+        None,
+        description="Validation curve of the checkpoint's run (when it has a valid.log.tsv); null = valid_curve.png beside confusion_png.",
+    )
+
+    @model_validator(mode="after")
+    def _curve_beside_confusion(self) -> EvaluateConfig:
+        if self.curve_png is None:
+            self.curve_png = io.join(io.dirname(self.confusion_png), "valid_curve.png")
+        return self
 
 
 class PredictConfig(_Section):
     """``predict``: label + class probabilities for every line of a raw file."""
 
-    checkpoint: str = Field("models/default/<best>", description="Checkpoint dir or alias.")
+    checkpoint: str = Field(
+        "${train.save_dir}/<best>", description="Checkpoint dir or alias; default: the train run."
+    )
     data_file: str = Field("data/raw/test.tsv", description="Raw file in the prepro format.")
     out_file: str = Field("reports/predictions.tsv", description="Output TSV.")
     concat_origin: bool = Field(
@@ -455,12 +490,16 @@ class PredictConfig(_Section):
 class ExportConfig(_Section):
     """``export``: ONNX with dynamic batch/sequence axes and an onnxruntime parity check."""
 
-    checkpoint: str = Field("models/default/<best>", description="Checkpoint dir or alias.")
+    checkpoint: str = Field(
+        "${train.save_dir}/<best>", description="Checkpoint dir or alias; default: the train run."
+    )
     data_dir: str = Field(
-        "data/prepared", description="Prepared data; parity samples come from it."
+        "${prepro.data_dir}", description="Prepared data; parity samples come from it."
     )
     split: str = Field("test", description="Split the parity samples are taken from.")
-    out_dir: str = Field("models/default/export", description="Output: model.onnx + report.json.")
+    out_dir: str = Field(
+        "${train.save_dir}/export", description="Output: model.onnx + report.json."
+    )
     num_samples: int = Field(256, ge=1, description="Samples checked for parity.")
     atol: float = Field(
         1e-4, gt=0, description="Max abs logit difference allowed (onnxruntime vs eager)."
@@ -482,12 +521,12 @@ class Params(BaseModel):
     """All sections of ``params.yaml``."""
 
     model_config = ConfigDict(extra="forbid")
-    fetch: FetchConfig = FetchConfig()
-    prepro: PreproConfig = PreproConfig()
-    train: TrainConfig = TrainConfig()
-    evaluate: EvaluateConfig = EvaluateConfig()
-    predict: PredictConfig = PredictConfig()
-    export: ExportConfig = ExportConfig()
+    fetch: FetchConfig = Field(default_factory=FetchConfig)
+    prepro: PreproConfig = Field(default_factory=PreproConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
+    predict: PredictConfig = Field(default_factory=PredictConfig)
+    export: ExportConfig = Field(default_factory=ExportConfig)
 
 
 def _suggest(word: str, options: list[str]) -> str:
@@ -518,8 +557,26 @@ def _check_keys(raw: dict[str, Any], where: str) -> None:
 _REF = re.compile(r"\$\{([a-z_]+)\.([a-z_0-9]+)\}")
 
 
-def _resolve_refs(raw: dict[str, Any]) -> None:
-    """Resolve ``${section.key}`` inside string values (DVC-templating style), in place."""
+def _resolve_refs(raw: dict[str, Any], fill_all: bool = True) -> None:
+    """Resolve ``${section.key}`` inside string values (DVC-templating style), in place.
+
+    A key missing from ``raw`` whose default holds a reference (``evaluate.checkpoint``
+    defaults to ``${train.save_dir}/<best>``) is added with its default first, so the
+    downstream follows an overridden upstream path whether or not params.yaml lists it.
+    ``fill_all``: do so for every section of :data:`SECTIONS` (absent ones included), not
+    only for those in ``raw``.
+
+    Raises:
+        ConfigError: a circular or unresolvable reference.
+    """
+    for section in list(SECTIONS) if fill_all else list(raw):
+        cls = SECTIONS.get(section)
+        if cls is None:
+            continue
+        body = raw[section] = dict(raw.get(section) or {})
+        for key, field in cls.model_fields.items():
+            if key not in body and isinstance(field.default, str) and "${" in field.default:
+                body[key] = field.default
 
     def value_of(section: str, key: str, seen: tuple[str, ...]) -> Any:
         ref = f"{section}.{key}"

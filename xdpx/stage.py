@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from xdpx import io, preflight
+from xdpx import io
 from xdpx.config import ConfigError, load_stage_configs, render_tree, stage_argv
 from xdpx.errors import DivergenceError, RemoteIOError
 
@@ -34,8 +34,12 @@ def stage_main(
     run: Callable[[Any], R],
     summary: Callable[[R], str],
     argv: list[str] | None = None,
+    check: Callable[[Any], Any] | None = None,
 ) -> R | list[R] | None:
     """Resolve the config(s) of stage ``name``, check them all, run each, print ``summary``.
+
+    ``check`` is the stage's pre-flight (``cfg -> cfg``, raising on a bad input), run on
+    every config of a grid before the first run; None: the stage has none.
 
     Returns:
         The result; a list of results for a ``grid:`` config; None with ``--dry``.
@@ -49,7 +53,7 @@ def stage_main(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         with io.stage(name):
-            return _stage_main(name, run, summary, argv)
+            return _stage_main(name, run, summary, argv, check)
     except RemoteIOError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(EXIT_TEMPFAIL) from None
@@ -60,6 +64,7 @@ def _stage_main(
     run: Callable[[Any], R],
     summary: Callable[[R], str],
     argv: list[str] | None,
+    check: Callable[[Any], Any] | None,
 ) -> R | list[R] | None:
     try:
         args = stage_argv(name, sys.argv[1:] if argv is None else list(argv))
@@ -70,7 +75,8 @@ def _stage_main(
                     print(f"# grid run {label}")
                 print(render_tree(cfg, name))
             return None
-        configs = [(label, preflight.check(name, cfg)) for label, cfg in configs]
+        if check is not None:
+            configs = [(label, check(cfg)) for label, cfg in configs]
         results = []
         for label, cfg in configs:
             if label:

@@ -15,10 +15,12 @@ A model with a token embedding layer exposes it as ``get_input_embeddings()``
 from __future__ import annotations
 
 import inspect
+import json
 from typing import Any
 
 from torch import nn
 
+from xdpx import io
 from xdpx.models.bilstm import BiLSTM
 from xdpx.models.hf import HFClassifier
 from xdpx.models.ngram import MatchNgram, NgramLR
@@ -136,3 +138,46 @@ __all__ = [
     "model_config_from",
     "with_default_learning_rate",
 ]
+
+
+def check_model_fits_data(model: str, data_dir: str, where: str) -> None:
+    """Refuse a pair model on single-text data, a single-text model on separate pairs, or
+    hf_classifier on ids that did not come from a transformers tokenizer.
+
+    Args:
+        model: a ``MODELS`` key.
+        data_dir: prepared data dir (its ``meta.json`` tells ``pair_encoding``).
+        where: what named the model, for the message (``train.model``, ``checkpoint ...``).
+
+    Raises:
+        ValueError: the model's inputs (:func:`xdpx.models.input_names`) do not match
+            the data's encoding; the message names the model, the data dir and the fix.
+    """
+    meta_path = io.join(data_dir, "meta.json")
+    meta = json.loads(io.read_text(meta_path))
+    encoding = meta.get("pair_encoding", "separate" if meta.get("pair") else None)
+    pair_model = "input_ids2" in input_names(model)  # a second, separately encoded text
+    if pair_model and encoding != "separate":
+        what = (
+            "pairs encoded jointly into one sequence (prepro.tokenizer=hf)"
+            if encoding == "joint"
+            else "single texts (prepro.text2_column is null)"
+        )
+        raise ValueError(
+            f"{where}={model} is a pair model (inputs input_ids, input_ids2) but {meta_path} "
+            f"holds {what}; run prepro with prepro.text2_column=<column> and a char/word/whitespace "
+            "tokenizer, or pick a single-text model (textcnn, bilstm, ngram_lr)"
+        )
+    tokenizer = meta.get("tokenizer")
+    if model == "hf_classifier" and tokenizer != "hf":
+        raise ValueError(
+            f"{where}=hf_classifier needs data prepared with the model's own tokenizer "
+            f"(prepro.tokenizer=hf, prepro.tokenizer_path=<the model dir>); {meta_path} "
+            f"says tokenizer={tokenizer}"
+        )
+    if not pair_model and encoding == "separate":
+        raise ValueError(
+            f"{where}={model} takes one text but {meta_path} holds text pairs encoded "
+            "separately (input_ids, input_ids2; prepro.text2_column is set); use a pair model "
+            "(match_esim, siamese)"
+        )
