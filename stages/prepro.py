@@ -13,7 +13,6 @@ end, so a failure leaves the previous directory intact and nothing partial):
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 from collections import Counter
 from typing import Any
@@ -31,6 +30,7 @@ from xdpx.data import (
     DataError,
     Encoder,
     HFTokenizer,
+    PreparedMeta,
     ReadResult,
     TargetMap,
     Vocab,
@@ -181,7 +181,7 @@ def run(cfg: PreproConfig) -> PreproResult:
             target-map file, or an empty train split.
         ConfigError: the hf tokenizer cannot be loaded.
     """
-    cfg = preflight.check("prepro", cfg)
+    cfg = preflight.check_prepro(cfg)
     results, target_map = _read_splits(cfg)
     tokenizer_name, no_space_fraction = resolve_tokenizer(cfg, results["train"])
     encoder, vocab_lines = _build_encoder(cfg, results["train"], target_map, tokenizer_name)
@@ -221,29 +221,26 @@ def run(cfg: PreproConfig) -> PreproResult:
                 cfg.max_len,
                 max_seen,
             )
-        meta = {
-            "tokenizer": tokenizer_name,
-            "tokenizer_auto": (
+        PreparedMeta(
+            tokenizer=tokenizer_name,
+            tokenizer_auto=(
                 None
                 if no_space_fraction is None
                 else {"chosen": tokenizer_name, "no_space_script_fraction": no_space_fraction}
             ),
-            "lower": cfg.lower,
-            "max_len": cfg.max_len,
-            "vocab_size": encoder.vocab_size,
-            "num_labels": encoder.num_labels,
-            "labels": encoder.labels,
-            "pad_id": encoder.pad_id,
-            "unk_id": encoder.unk_id,
-            "sep_id": getattr(encoder.tokenizer, "sep_id", None),
-            "pair": encoder.pair_encoding == "separate",
-            "pair_encoding": encoder.pair_encoding,
-            "splits": splits_meta,
-            "prepro": cfg.model_dump(mode="json"),
-        }
-        io.write_text(
-            io.join(tmp, META_FILE), json.dumps(meta, indent=2, ensure_ascii=False) + "\n"
-        )
+            lower=cfg.lower,
+            max_len=cfg.max_len,
+            vocab_size=encoder.vocab_size,
+            num_labels=encoder.num_labels,
+            labels=encoder.labels,
+            pad_id=encoder.pad_id,
+            unk_id=encoder.unk_id,
+            sep_id=getattr(encoder.tokenizer, "sep_id", None),
+            pair=encoder.pair_encoding == "separate",
+            pair_encoding=encoder.pair_encoding,
+            splits=splits_meta,
+            prepro=cfg.model_dump(mode="json"),
+        ).write(tmp)
         io.replace_dir(tmp, final, marker=META_FILE)
     except BaseException:
         with contextlib.suppress(Exception):  # keep the original error
@@ -274,6 +271,7 @@ def main(argv: list[str] | None = None) -> PreproResult:
             f"(vocab_size={r.vocab_size}, num_labels={r.num_labels})"
         ),
         argv,
+        preflight.check_prepro,
     )
 
 

@@ -5,6 +5,7 @@ the training data was encoded.
 """
 
 from xdpx.data.encoder import ENCODER_FILES, META_FILE, TARGET_MAP_FILE, VOCAB_FILE, Encoder
+from xdpx.data.meta import PreparedMeta, SplitMeta
 from xdpx.data.readers import DataError, ReadResult, read_examples
 from xdpx.data.shards import NO_LABEL, SplitData, list_splits, load_split, shard_path, write_split
 from xdpx.data.tokenizers import (
@@ -19,6 +20,8 @@ from xdpx.data.tokenizers import (
 from xdpx.data.vocab import PAD, UNK, TargetMap, Vocab
 
 __all__ = [
+    "PreparedMeta",
+    "SplitMeta",
     "DataError",
     "ReadResult",
     "read_examples",

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from xdpx import io
+from xdpx.data.meta import META_FILE
 from xdpx.data.readers import DataError
 from xdpx.data.tokenizers import (
     CharTokenizer,
@@ -33,7 +34,6 @@ __all__ = [
     "ENCODER_FILES",
 ]
 
-META_FILE = "meta.json"
 VOCAB_FILE = "vocab.txt"
 TARGET_MAP_FILE = "target_map.txt"
 #: The files a directory needs for :meth:`Encoder.from_dir` (copy them into a checkpoint).
