@@ -16,8 +16,10 @@ progress bar from :data:`PROGRESS_BYTES` up) and handed out from there.
 
 **Retries.** On a remote (non-local, non-``memory://``) filesystem every whole-file
 operation (read, write, exists/info, list, delete) is retried as one unit, with
-exponential backoff and full jitter, on transient errors only: HTTP 5xx, throttling
-(429, ``SlowDown``), connection reset/refused/aborted and timeouts. Missing files,
+exponential backoff and full jitter (a tenacity loop), on transient errors only
+(:func:`xdpx.retry.is_transient`, the rule the OSS patch :mod:`xdpx.patches.ossfs_retry`
+uses too): HTTP 5xx, throttling (429, ``SlowDown``), connection reset/refused/aborted and
+timeouts. Missing files,
 access denied and other 4xx errors are raised at once. Once the attempts or the time
 budget are spent, :class:`xdpx.errors.RemoteIOError` names the stage (see
 :func:`stage`), the operation and the URL. The client libraries' own request retries
@@ -53,7 +55,6 @@ from __future__ import annotations
 import configparser
 import contextlib
 import contextvars
-import errno
 import hashlib
 import logging
 import os
@@ -61,11 +62,10 @@ import random
 import shutil
 import tempfile
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import IO, Any, TypeVar
+from typing import IO, Any, NoReturn, TypeVar
 
 import fsspec
 from fsspec.callbacks import TqdmCallback
@@ -73,6 +73,7 @@ from fsspec.core import split_protocol, url_to_fs
 from tqdm.auto import tqdm
 
 from xdpx.errors import RemoteIOError
+from xdpx.retry import is_transient, retrying
 
 __all__ = [
     "fs_of",
@@ -191,119 +192,21 @@ class RetryPolicy:
         return random.uniform(0.0, min(self.backoff_max, self.backoff * 2 ** (retry - 1)))
 
 
-#: Exception class names (anywhere in the MRO) that mean "the connection failed, try again":
-#: botocore, aiohttp, requests/urllib3, http.client, fsspec and oss2 (``RequestError``).
-_TRANSIENT_CLASSES = frozenset(
-    {
-        "EndpointConnectionError",
-        "ConnectionClosedError",
-        "ReadTimeoutError",
-        "ConnectTimeoutError",
-        "HTTPClientError",
-        "ResponseStreamingError",
-        "IncompleteReadError",
-        "ClientConnectionError",
-        "ClientPayloadError",
-        "ServerDisconnectedError",
-        "ServerTimeoutError",
-        "ChunkedEncodingError",
-        "ProtocolError",
-        "NewConnectionError",
-        "ReadTimeout",
-        "ConnectTimeout",
-        "IncompleteRead",
-        "RemoteDisconnected",
-        "FSTimeoutError",
-        "RequestError",
-    }
-)
-#: Error codes of throttling / temporary unavailability (S3 and OSS), whatever the status.
-_TRANSIENT_CODES = frozenset(
-    {
-        "SlowDown",
-        "Throttling",
-        "ThrottlingException",
-        "RequestLimitExceeded",
-        "TooManyRequests",
-        "RequestTimeout",
-        "ServiceUnavailable",
-        "InternalError",
-        "ServerBusy",
-        "QpsLimitExceeded",
-    }
-)
-_TRANSIENT_ERRNOS = frozenset(
-    getattr(errno, n)
-    for n in (
-        "ECONNRESET",
-        "ECONNREFUSED",
-        "ECONNABORTED",
-        "ETIMEDOUT",
-        "EPIPE",
-        "EBUSY",
-        "EREMOTEIO",
-    )
-    if hasattr(errno, n)
-)
-#: Errors that are never transient, whatever caused them.
-_PERMANENT = (
-    FileNotFoundError,
-    PermissionError,
-    IsADirectoryError,
-    NotADirectoryError,
-    FileExistsError,
-)
-
-
-def _http_status_and_code(exc: BaseException) -> tuple[int | None, str | None]:
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):  # botocore ClientError
-        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        return (int(status) if status else None), response.get("Error", {}).get("Code")
-    status = getattr(exc, "status", None)  # oss2 OssError
-    if isinstance(status, int) and status > 0:
-        code = getattr(exc, "code", None) or (getattr(exc, "details", None) or {}).get("Code")
-        return status, code
-    return None, None
-
-
-def is_transient(exc: BaseException) -> bool:
-    """True when ``exc`` (or an exception in its cause/context chain) is worth retrying.
-
-    Transient: HTTP 5xx or 429, throttling codes (``SlowDown``, ``Throttling``, ...),
-    connection reset/refused/aborted, timeouts, truncated responses. Never transient:
-    ``FileNotFoundError``, ``PermissionError`` and the other "this path is wrong" errors,
-    and every other 4xx.
-    """
-    if isinstance(exc, _PERMANENT):
-        return False
-    seen: set[int] = set()
-    link: BaseException | None = exc
-    while link is not None and id(link) not in seen:
-        seen.add(id(link))
-        if isinstance(link, (ConnectionError, TimeoutError)):
-            return True
-        if any(c.__name__ in _TRANSIENT_CLASSES for c in type(link).__mro__):
-            return True
-        status, code = _http_status_and_code(link)
-        if status is not None or code is not None:
-            return (status is not None and (status >= 500 or status == 429)) or (
-                code in _TRANSIENT_CODES
-            )
-        if isinstance(link, OSError) and link.errno in _TRANSIENT_ERRNOS:
-            return True
-        link = link.__cause__ or link.__context__
-    return False
-
-
 def retry(op: str, url: str, fn: Callable[[], T], policy: RetryPolicy | None = None) -> T:
     """Run ``fn()`` (one whole, idempotent operation on ``url``), retrying transient errors.
+
+    What is retried is :func:`xdpx.retry.is_transient` (HTTP 5xx and 429, throttling codes
+    such as ``SlowDown``, connection resets/refusals and timeouts), the same rule as the OSS
+    patch's. The loop is tenacity's (:func:`xdpx.retry.retrying`): at most
+    ``policy.retries`` retries, the sleep before retry k drawn by :meth:`RetryPolicy.delay`,
+    and no retry that would start past ``policy.deadline``; each retry is logged at INFO.
 
     Args:
         op: what ``fn`` does, for messages (``"read"``, ``"write"``, ``"list"``, ...).
         url: the path it works on (named in the error).
         fn: the operation; it must be safe to run again after a failure.
-        policy: bounds; default :meth:`RetryPolicy.from_env`.
+        policy: bounds; default :meth:`RetryPolicy.from_env` (``XDPX_IO_*``, see the module
+            docstring for names and defaults).
 
     Returns:
         What ``fn`` returns.
@@ -315,37 +218,37 @@ def retry(op: str, url: str, fn: Callable[[], T], policy: RetryPolicy | None = N
         Exception: a non-transient error from ``fn``, unchanged.
     """
     policy = policy or RetryPolicy.from_env()
-    start = time.monotonic()
-    attempt = 0
-    while True:
-        attempt += 1
-        try:
-            return fn()
-        except Exception as e:
-            if not is_transient(e):
-                raise
-            elapsed = time.monotonic() - start
-            delay = policy.delay(attempt)
-            if attempt > policy.retries or elapsed + delay > policy.deadline:
-                where = _STAGE.get()
-                message = _redact(
-                    f"{where + ': ' if where else ''}{op} {url} failed after {attempt} "
-                    f"attempt{'s' if attempt > 1 else ''} in {elapsed:.1f} s: "
-                    f"{type(e).__name__}: {_first_line(e)}"
-                )
-                err = RemoteIOError(message)
-                err.url, err.operation, err.stage = url, op, where
-                raise err from None
-            log.info(
-                "%s %s: %s; retry %d/%d in %.2f s",
-                op,
-                url,
-                _redact(f"{type(e).__name__}: {_first_line(e)}"),
-                attempt,
-                policy.retries,
-                delay,
-            )
-            time.sleep(delay)
+
+    def on_retry(error: BaseException, attempt: int, sleep: float) -> None:
+        log.info(
+            "%s %s: %s; retry %d/%d in %.2f s",
+            op,
+            url,
+            _redact(f"{type(error).__name__}: {_first_line(error)}"),
+            attempt,
+            policy.retries,
+            sleep,
+        )
+
+    def give_up(error: BaseException, attempt: int, elapsed: float) -> NoReturn:
+        where = _STAGE.get()
+        message = _redact(
+            f"{where + ': ' if where else ''}{op} {url} failed after {attempt} "
+            f"attempt{'s' if attempt > 1 else ''} in {elapsed:.1f} s: "
+            f"{type(error).__name__}: {_first_line(error)}"
+        )
+        err = RemoteIOError(message)
+        err.url, err.operation, err.stage = url, op, where
+        raise err from None
+
+    controller = retrying(
+        attempts=policy.retries + 1,
+        delay=policy.delay,
+        deadline=policy.deadline,
+        on_retry=on_retry,
+        give_up=give_up,
+    )
+    return controller(fn)
 
 
 def _first_line(exc: BaseException) -> str:
