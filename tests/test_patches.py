@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from xdpx import io
+
 ROOT = Path(__file__).resolve().parents[1]
 PTH_LINE = "import xdpx.patches; xdpx.patches.install(forget=True)"
 PTH_NAME = "xdpx-patches.pth"
@@ -195,6 +197,74 @@ def test_ossfs_retry_classifies_transient_errors():
     assert not is_transient(wrapped(oss_error(oss2.exceptions.AccessDenied, 403)))
     assert not is_transient(FileNotFoundError("bucket/key"))
     assert all(0.05 <= backoff(n) <= 2.0 for n in range(1, 12))
+    # throttling is transient here as in xdpx.io (it was not before issue 21): one rule
+    assert is_transient(wrapped(oss_error(oss2.exceptions.ServerError, 429)))
+    slow_down = oss2.exceptions.ServerError(503, {}, b"", {"Code": "SlowDown"})
+    assert is_transient(wrapped(slow_down))
+    assert is_transient(oss2.exceptions.ServerError(400, {}, b"", {"Code": "QpsLimitExceeded"}))
+    assert not is_transient(wrapped(oss_error(oss2.exceptions.ServerError, 400)))
+    assert is_transient is io.is_transient
+
+
+def _throttle_get_object(monkeypatch, fail: int, status: int = 429, code: str = "SlowDown"):
+    """Make aiooss2's GetObject answer ``status``/``code`` (as oss2 raises it) ``fail`` times."""
+    import oss2
+    from aiooss2.api import AioBucket
+
+    real = AioBucket.get_object
+    calls: list[str] = []
+
+    async def throttled(self, key, *args, **kwargs):
+        calls.append(key)
+        if len(calls) <= fail:
+            raise oss2.exceptions.ServerError(
+                status, {}, b"", {"Code": code, "Message": "Please reduce your request rate."}
+            )
+        return await real(self, key, *args, **kwargs)
+
+    monkeypatch.setattr(AioBucket, "get_object", throttled)
+    return calls
+
+
+def test_ossfs_retry_rides_out_throttling_and_gives_up_with_the_original_error(
+    store_bucket, monkeypatch, caplog
+):
+    """HTTP 429 SlowDown from OSS: retried like xdpx.io retries it, within XDPX_OSS_RETRY_ATTEMPTS."""
+    import logging
+
+    import oss2
+    import ossfs
+
+    from xdpx.patches import ossfs_retry
+
+    ossfs_retry.apply()
+    monkeypatch.setattr(ossfs_retry, "BASE_DELAY", 0.001)
+    monkeypatch.setenv("XDPX_OSS_RETRY_ATTEMPTS", "3")
+    fs = ossfs.AioOSSFileSystem(endpoint=store_bucket.store.oss_endpoint, skip_instance_cache=True)
+    path = f"{store_bucket.name}/t.bin"
+    fs.pipe(path, b"payload")
+
+    calls = _throttle_get_object(monkeypatch, fail=2)
+    with caplog.at_level(logging.INFO, logger="xdpx.patches.ossfs_retry"):
+        assert fs.cat(path) == b"payload"
+    assert len(calls) == 3  # two throttled attempts, then the real read
+    assert [r.getMessage().split(", retrying in")[0] for r in caplog.records] == [
+        "OSS _cat_file: transient OSError, attempt 1/3",
+        "OSS _cat_file: transient OSError, attempt 2/3",
+    ]
+
+    calls = _throttle_get_object(monkeypatch, fail=99)
+    with pytest.raises(OSError) as err:
+        fs.cat(path)
+    assert len(calls) == 3  # XDPX_OSS_RETRY_ATTEMPTS, then the last error unchanged
+    assert isinstance(err.value.__cause__, oss2.exceptions.ServerError)
+    assert (err.value.__cause__.status, err.value.__cause__.code) == (429, "SlowDown")
+
+    calls = _throttle_get_object(monkeypatch, fail=99, status=403, code="AccessDenied")
+    with pytest.raises(OSError) as err:
+        fs.cat(path)
+    assert len(calls) == 1  # a real error: no retry
+    assert err.value.__cause__.status == 403
 
 
 def test_ossfs_retry_rides_out_faults_and_gives_up_on_outage(store_bucket, monkeypatch):

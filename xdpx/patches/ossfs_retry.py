@@ -7,9 +7,13 @@ have the problem: botocore retries. Re-running ``dvc push`` does not help under 
 rate: every run starts with existence checks and listings, and the first error ends it.
 
 What: the ``AioOSSFileSystem`` methods below are retried as a whole when the error is transient
-(``is_transient``): up to ``XDPX_OSS_RETRY_ATTEMPTS`` attempts (default 8), sleeping
-``min(2 s, 0.1 s * 2**n)`` scaled by a jitter in [0.5, 1] between them (AWS's "exponential
-backoff and jitter"). Only the outermost patched call retries (a context variable marks it),
+by :func:`xdpx.retry.is_transient`, the rule :mod:`xdpx.io` uses too (HTTP 5xx and 429,
+throttling codes such as ``SlowDown``/``ServerBusy``, connection resets/refusals, timeouts;
+never 404, 403 or another 4xx): up to ``XDPX_OSS_RETRY_ATTEMPTS`` attempts (default 8),
+sleeping ``min(2 s, 0.1 s * 2**n)`` scaled by a jitter in [0.5, 1] between them (AWS's
+"exponential backoff and jitter"), in a tenacity loop (:func:`xdpx.retry.retrying`); each
+retry is logged at INFO, and the last error is raised unchanged once the attempts are spent.
+Only the outermost patched call retries (a context variable marks it),
 so nested calls do not multiply attempts. Every patched method is safe to repeat: reads, and
 uploads that re-read their source (``put_object_from_file``, ``resumable_upload``, bytes for
 ``put_object``/``upload_part``); a download rewrites its target file from the start.
@@ -21,14 +25,18 @@ Not covered: a stream already returned to the caller (``open(...).read()`` on an
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import functools
 import logging
 import os
 import random
 
+from xdpx import retry as shared
+from xdpx.retry import is_transient
+
 logger = logging.getLogger(__name__)
+
+__all__ = ["apply", "apply_to_module", "attempts", "backoff", "disabled", "is_transient"]
 
 DISABLE_ENV = "XDPX_OSS_RETRY"
 ATTEMPTS_ENV = "XDPX_OSS_RETRY_ATTEMPTS"
@@ -60,63 +68,43 @@ def attempts() -> int:
 
 
 def backoff(attempt: int) -> float:
-    """Seconds to sleep after failed attempt number ``attempt`` (1-based), jittered."""
+    """Seconds to sleep after failed attempt number ``attempt`` (1-based), jittered.
+
+    ``min(MAX_DELAY, BASE_DELAY * 2**(attempt - 1))`` (2 s, 0.1 s) times U(0.5, 1).
+    """
     return min(MAX_DELAY, BASE_DELAY * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
 
 
-def is_transient(exc: BaseException) -> bool:
-    """True for errors worth retrying: HTTP 5xx, connection-level failures, timeouts.
-
-    Follows ``__cause__`` because ossfs re-raises oss2 errors as OSError ``from`` the original.
-    4xx answers (NotFound, AccessDenied, ...) are not transient.
-    """
-    import aiohttp
-    from oss2.exceptions import OssError, RequestError
-
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, RequestError):  # oss2's wrapper of connection errors (status -2)
-            return True
-        if isinstance(exc, OssError):
-            return exc.status >= 500
-        if isinstance(exc, aiohttp.ClientConnectionError | aiohttp.ClientPayloadError):
-            return True
-        if isinstance(exc, ConnectionError | TimeoutError | asyncio.TimeoutError):
-            return True
-        exc = exc.__cause__
-    return False
-
-
 def _with_retries(func):
+    """``func`` (an async method) retried on transient errors; nested calls run once."""
+
     @functools.wraps(func)
-    async def retrying(*args, **kwargs):
+    async def with_retries(*args, **kwargs):
         if _inside.get():
             return await func(*args, **kwargs)
         token = _inside.set(True)
         try:
             limit = attempts()
-            for attempt in range(1, limit + 1):
-                try:
-                    return await func(*args, **kwargs)
-                except Exception as exc:
-                    if attempt >= limit or not is_transient(exc):
-                        raise
-                    delay = backoff(attempt)
-                    logger.info(
-                        "OSS %s: transient %s, attempt %d/%d, retrying in %.2f s",
-                        func.__name__,
-                        type(exc).__name__,
-                        attempt,
-                        limit,
-                        delay,
-                    )
-                    await asyncio.sleep(delay)
+
+            def on_retry(error: BaseException, attempt: int, sleep: float) -> None:
+                logger.info(
+                    "OSS %s: transient %s, attempt %d/%d, retrying in %.2f s",
+                    func.__name__,
+                    type(error).__name__,
+                    attempt,
+                    limit,
+                    sleep,
+                )
+
+            controller = shared.retrying(
+                attempts=limit, delay=backoff, on_retry=on_retry, asynchronous=True
+            )
+            return await controller(func, *args, **kwargs)
         finally:
             _inside.reset(token)
 
-    setattr(retrying, _MARK, True)
-    return retrying
+    setattr(with_retries, _MARK, True)
+    return with_retries
 
 
 def apply(cls: type | None = None) -> bool:
