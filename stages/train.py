@@ -131,7 +131,6 @@ def _report_loading(cfg: TrainConfig, info: dict[str, list[str]] | None) -> None
             log.warning("pretrained_model %s: %s %s: %s", cfg.pretrained_model, kind, what, shown)
 
 
-@io.stage("train")
 def check(cfg: TrainConfig) -> TrainConfig:
     """Pre-flight checks before any work: the model fits the prepared data, a checkpoint to
     resume from resolves, and the run directory (``xdpx.preflight.check_run_dir``: may pick
@@ -149,6 +148,7 @@ def check(cfg: TrainConfig) -> TrainConfig:
     return preflight.check_run_dir(cfg)
 
 
+@io.stage("train")
 def run(cfg: TrainConfig, on_eval: Callable[[EvalEvent], None] | None = None) -> TrainResult:
     """Train one model; see the module docstring for the outputs.
 
