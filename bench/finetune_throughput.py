@@ -145,6 +145,7 @@ def xdpx_run(prepared: str, save_dir: str, args: argparse.Namespace) -> tuple[li
     """``stages.train.run`` with hf_classifier; returns (timed update seconds, last loss)."""
     from stages import train
     from xdpx.config import TrainConfig
+    from xdpx.rundir import RunDir
 
     total = args.warmup + args.updates
     cfg = TrainConfig(
@@ -168,7 +169,7 @@ def xdpx_run(prepared: str, save_dir: str, args: argparse.Namespace) -> tuple[li
     with contextlib.redirect_stderr(io.StringIO()):  # the progress bar (logs still show)
         result = train.run(cfg)
     assert result.num_updates == total, result
-    with open(f"{save_dir}/train.log.tsv", newline="") as f:
+    with open(RunDir(save_dir).train_log, newline="") as f:
         rows = list(csv.DictReader(f, delimiter="\t"))
     assert [int(r["update"]) for r in rows] == list(range(1, total + 1))
     wall = [float(r["wall_time"]) for r in rows]
@@ -196,7 +197,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     from stages import fetch, prepro
     from xdpx.config import FetchConfig, PreproConfig
     from xdpx.data import load_split, make_tokenizer, read_examples
-    from xdpx.trainer import epoch_order
+    from xdpx.sampling import epoch_order
 
     hf_logging.set_verbosity_error()
     torch.set_num_threads(args.threads)

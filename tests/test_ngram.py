@@ -9,7 +9,7 @@ from sklearn.feature_extraction.text import TfidfVectorizer
 
 from stages import fetch
 from xdpx.config import FetchConfig
-from xdpx.data import CharTokenizer, Vocab, WordTokenizer
+from xdpx.data import CharTokenizer, PreparedMeta, Vocab, WordTokenizer
 from xdpx.data.corpora import materialize
 from xdpx.models.ngram import SUBWORD_WIDTH, NgramLR, char_ngrams
 
@@ -46,6 +46,7 @@ def _ngrams(tokens: list[str], orders: list[int]) -> list[str]:
 
 
 @pytest.mark.parametrize(("orders", "min_df"), [([1], 1), ([1, 2], 1), ([1, 2], 2)])
+@pytest.mark.unit
 def test_tfidf_rows_equal_sklearn(tmp_path, orders: list[int], min_df: int) -> None:
     """On real reviews (characters as tokens), every text's feature values are the row of
     ``TfidfVectorizer(sublinear_tf=True, min_df)`` over the same n-grams (2^24 buckets: no
@@ -68,6 +69,7 @@ def test_tfidf_rows_equal_sklearn(tmp_path, orders: list[int], min_df: int) -> N
         assert len(set(rows[text == i].tolist())) == row.nnz  # distinct rows, one per n-gram
 
 
+@pytest.mark.unit
 def test_hash_collisions_are_as_rare_as_random(tmp_path) -> None:
     """Real 3- and 4-grams of reviews collide about as often as uniform random buckets
     would (n^2 / 2B expected pairs); the hash of the first version, a linear form reduced
@@ -84,6 +86,7 @@ def test_hash_collisions_are_as_rare_as_random(tmp_path) -> None:
     assert collisions <= 3 * expected + 3, (len(grams), collisions, expected)
 
 
+@pytest.mark.unit
 def test_char_ngrams_and_subword_table(tmp_path) -> None:
     assert char_ngrams("ab", [2, 3]) == ["<a", "<ab", "ab", "ab>", "b>"]
     assert char_ngrams("a", [1, 2]) == ["<", "<a", "a", "a>", ">"]  # the bare word "<a>" is 3
@@ -101,6 +104,7 @@ def test_char_ngrams_and_subword_table(tmp_path) -> None:
     assert (table[4] != 0).sum() == SUBWORD_WIDTH  # a 30-letter word keeps its first 48
 
 
+@pytest.mark.unit
 def test_paths_agree_padding_invariant_and_single_text(tmp_path) -> None:
     """With trained-looking weights, on real English pairs' first texts (word tokens, word
     1-2-grams and char 2-5-grams in words): the flat path (training) and the padded path
@@ -125,20 +129,34 @@ def test_paths_agree_padding_invariant_and_single_text(tmp_path) -> None:
         assert logits.std() > 0.1
 
 
+def _meta(tokenizer: str) -> PreparedMeta:
+    return PreparedMeta(
+        tokenizer=tokenizer,
+        lower=True,
+        max_len=8,
+        vocab_size=10,
+        num_labels=2,
+        labels=["0", "1"],
+        splits={},
+        prepro={},
+    )
+
+
+@pytest.mark.unit
 def test_resolve_config_by_tokenizer() -> None:
     base = {"ngram_orders": None, "char_ngram_orders": None}
-    assert NgramLR.resolve_config(base, {"tokenizer": "char"}) == {
-        "ngram_orders": [1, 2, 3, 4],
-        "char_ngram_orders": [],
-    }
-    assert NgramLR.resolve_config(base, {"tokenizer": "word"}) == {
+    char = {"ngram_orders": [1, 2, 3, 4], "char_ngram_orders": []}
+    assert NgramLR.resolve_config(base, _meta("char")) == char
+    assert NgramLR.resolve_config(base, None) == char
+    assert NgramLR.resolve_config(base, _meta("word")) == {
         "ngram_orders": [1, 2],
         "char_ngram_orders": [2, 3, 4, 5],
     }
     mine = {"ngram_orders": [1], "char_ngram_orders": []}
-    assert NgramLR.resolve_config(mine, {"tokenizer": "word"}) == mine
+    assert NgramLR.resolve_config(mine, _meta("word")) == mine
 
 
+@pytest.mark.unit
 def test_prepare_errors() -> None:
     model = NgramLR(3, 2, [1], 64, char_ngram_orders=[2])
     with pytest.raises(ValueError, match="need the vocabulary"):
@@ -149,6 +167,7 @@ def test_prepare_errors() -> None:
         NgramLR(3, 2, [1], 64, ngram_weighting="bm25")
 
 
+@pytest.mark.integration
 def test_balanced_class_weight_lifts_the_rare_class(tmp_path) -> None:
     """Real reviews with 1 positive per 8 negatives: ``class_weight: balanced`` (sklearn's
     n / (k n_c)) raises the recall of the rare class on dev, at the same schedule (best
@@ -159,7 +178,7 @@ def test_balanced_class_weight_lifts_the_rare_class(tmp_path) -> None:
 
     from stages import evaluate, prepro, train
     from xdpx.config import EvaluateConfig, PreproConfig, TrainConfig
-    from xdpx.trainer import balanced_class_weight
+    from xdpx.losses import balanced_class_weight
 
     w = balanced_class_weight(np.array([0, 0, 0, 1]), 3)
     torch.testing.assert_close(w, torch.tensor([4 / 9, 4 / 3, 0.0]))
@@ -187,6 +206,7 @@ def test_balanced_class_weight_lifts_the_rare_class(tmp_path) -> None:
     assert recall["balanced"] > recall[None] + 0.03, recall
 
 
+@pytest.mark.integration
 def test_resume_rebuilds_the_prepared_tables(tmp_path) -> None:
     """A default ngram_lr run (TF-IDF, compact table sized by the data) that crashes after
     its evaluation at update 3 and is resumed ends with the weights of an uninterrupted run."""

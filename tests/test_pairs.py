@@ -34,10 +34,10 @@ from xdpx.config import (
     PreproConfig,
     TrainConfig,
 )
+from xdpx.diagnosis import find_nonfinite
 from xdpx.inference import as_samples, pad_batch
 from xdpx.models import MODELS, build_model, input_names
 from xdpx.serve import Predictor, serve_lines
-from xdpx.trainer import find_nonfinite
 
 PAIR_MODELS = ["match_esim", "siamese", "match_ngram"]
 TINY = {"embedding_dim": 32, "hidden_size": 32, "dropout": 0.1}
@@ -144,6 +144,7 @@ def pipeline(request, data) -> dict:
 
 
 # ----------------------------------------------------------------- the pipeline
+@pytest.mark.integration
 def test_prepro_writes_both_inputs(data):
     meta = json.loads((data["prepared"] / "meta.json").read_text())
     assert meta["pair_encoding"] == "separate"
@@ -153,6 +154,7 @@ def test_prepro_writes_both_inputs(data):
     assert len(shard) == len(pairs) and set(pairs["label"]) == {"dup", "other"}
 
 
+@pytest.mark.integration
 def test_train_evaluate_predict(pipeline, data):
     root, metrics = pipeline["root"], pipeline["metrics"]
     assert pipeline["train"].num_updates > 0
@@ -185,6 +187,7 @@ def test_train_evaluate_predict(pipeline, data):
     assert accuracy == pytest.approx(saved["test"]["accuracy"], abs=1e-9)  # same numbers
 
 
+@pytest.mark.integration
 def test_export_has_two_dynamic_inputs_and_parity(pipeline, data):
     report = json.loads((pipeline["root"] / "export" / "report.json").read_text())
     assert report["status"] == "ok" and report["model"] == pipeline["name"]
@@ -216,6 +219,7 @@ def test_export_has_two_dynamic_inputs_and_parity(pipeline, data):
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
 
 
+@pytest.mark.integration
 def test_serve_answers_like_predict(pipeline):
     preds = read_tsv(pipeline["root"] / "predictions.tsv").head(4)
     predictor = Predictor(str(pipeline["run"]))
@@ -229,6 +233,7 @@ def test_serve_answers_like_predict(pipeline):
 
 
 # ----------------------------------------------------------------- pre-flight
+@pytest.mark.integration
 def test_preflight_pair_model_on_single_text_data(data):
     cfg = TrainConfig(
         data_dir=str(data["root"] / "single"), save_dir=str(data["root"] / "x"), model="siamese"
@@ -238,6 +243,7 @@ def test_preflight_pair_model_on_single_text_data(data):
     assert not (data["root"] / "x").exists()
 
 
+@pytest.mark.integration
 def test_preflight_single_text_model_on_pair_data(data):
     cfg = TrainConfig(
         data_dir=str(data["prepared"]), save_dir=str(data["root"] / "y"), model="textcnn"
@@ -248,6 +254,7 @@ def test_preflight_single_text_model_on_pair_data(data):
         check_train(cfg)
 
 
+@pytest.mark.integration
 def test_preflight_checkpoint_against_data(pipeline, data):
     cfg = EvaluateConfig(
         checkpoint=f"{pipeline['run']}/<best>", data_dir=str(data["root"] / "single")
@@ -266,6 +273,7 @@ def test_preflight_checkpoint_against_data(pipeline, data):
         ("match_ngram", {"ngram_orders": [1, 2], "ngram_buckets": 997}),
     ],
 )
+@pytest.mark.unit
 def test_pair_model_shapes_and_padding_invariance(name, extra):
     torch.manual_seed(0)
     config = {"vocab_size": 50, "num_labels": 3, **extra}
@@ -297,6 +305,7 @@ def test_pair_model_shapes_and_padding_invariance(name, extra):
             assert not torch.allclose(model(b, a), logits)
 
 
+@pytest.mark.unit
 def test_pad_batch_pads_each_input_to_its_own_width():
     samples = as_samples([np.array([5, 6, 7]), np.array([8])], [np.array([9]), np.array([3, 4])])
     a, b = pad_batch(samples, pad_id=0, min_len=1)
@@ -307,11 +316,13 @@ def test_pad_batch_pads_each_input_to_its_own_width():
         as_samples([np.array([1])], [])
 
 
+@pytest.mark.unit
 def test_siamese_rejects_unknown_encoder():
     with pytest.raises(ValueError, match="siamese_encoder"):
         build_model("siamese", {"vocab_size": 10, "num_labels": 2, "siamese_encoder": "gru"})
 
 
+@pytest.mark.unit
 def test_find_nonfinite_names_the_module_of_a_pair_model():
     torch.manual_seed(0)
     model = build_model("match_esim", {"vocab_size": 30, "num_labels": 2, **TINY})
@@ -322,12 +333,14 @@ def test_find_nonfinite_names_the_module_of_a_pair_model():
     assert where == "output of module 'projection.0' (Linear)"
 
 
+@pytest.mark.unit
 def test_every_model_declares_its_inputs():
     pair = {n for n in MODELS if "input_ids2" in input_names(n)}
     assert pair == set(PAIR_MODELS)
     assert all(input_names(n) == ("input_ids",) for n in set(MODELS) - pair)
 
 
+@pytest.mark.integration
 def test_doctor_counts_a_pair_as_leaked_only_when_both_texts_recur(data, tmp_path):
     from xdpx.config import Params
     from xdpx.doctor import _data
@@ -358,6 +371,7 @@ def test_doctor_counts_a_pair_as_leaked_only_when_both_texts_recur(data, tmp_pat
     assert checks["leakage[dev]"].detail.startswith("5 of 10 dev pairs also in train")
 
 
+@pytest.mark.integration
 def test_hf_classifier_pairs_end_to_end(data):
     """hf_classifier on the same pair file: the tokenizer's joint pair encoding
     (``[CLS] a [SEP] b [SEP]``), prepro -> train -> evaluate -> predict -> export -> serve.

@@ -9,7 +9,9 @@ import torch
 
 from tests.test_trainer import make_trainer
 from xdpx.data import load_split
-from xdpx.trainer import LossScaleError
+from xdpx.errors import LossScaleError
+
+pytestmark = pytest.mark.integration
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -12,8 +12,10 @@ import torch
 from xdpx.checkpoint import load_checkpoint
 from xdpx.config import TrainConfig
 from xdpx.data import load_split
+from xdpx.errors import DivergenceError, NonFiniteLossError
 from xdpx.models import build_model, model_config_from
-from xdpx.trainer import DivergenceError, NonFiniteLossError, Trainer, epoch_order
+from xdpx.sampling import epoch_order
+from xdpx.trainer import Trainer
 
 
 def make_trainer(prepared: str, save_dir: str, **overrides) -> Trainer:
@@ -40,6 +42,7 @@ def params_of(trainer: Trainer) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
 
 
+@pytest.mark.integration
 def test_loss_decreases_and_beats_majority_on_real_subset(real_subset, tmp_path):
     _, prepared = real_subset
     trainer = make_trainer(
@@ -71,6 +74,7 @@ def test_loss_decreases_and_beats_majority_on_real_subset(real_subset, tmp_path)
 
 
 @pytest.mark.parametrize("model", ["textcnn", "ngram_lr"])
+@pytest.mark.integration
 def test_update_freq_equals_larger_batch(real_subset, tmp_path, model):
     """update_freq=4 x batch 8 == batch 32 (dropout off, fp32): same parameters within 1e-5."""
     _, prepared = real_subset
@@ -110,6 +114,7 @@ def test_update_freq_equals_larger_batch(real_subset, tmp_path, model):
     )
 
 
+@pytest.mark.integration
 def test_same_seed_same_parameters_different_seed_differs(real_subset, tmp_path):
     _, prepared = real_subset
     common = dict(
@@ -126,12 +131,14 @@ def test_same_seed_same_parameters_different_seed_differs(real_subset, tmp_path)
     assert any(not torch.equal(pa[k], pc[k]) for k in pa)
 
 
+@pytest.mark.unit
 def test_epoch_order_depends_only_on_seed_and_epoch():
     assert np.array_equal(epoch_order(100, 1, 3), epoch_order(100, 1, 3))
     assert not np.array_equal(epoch_order(100, 1, 3), epoch_order(100, 1, 4))
     assert sorted(epoch_order(100, 1, 3)) == list(range(100))
 
 
+@pytest.mark.integration
 def test_max_update_budget_and_early_stop(real_subset, tmp_path):
     _, prepared = real_subset
     result = make_trainer(
@@ -148,6 +155,7 @@ def test_max_update_budget_and_early_stop(real_subset, tmp_path):
     assert result.num_updates == 6 and result.best_update == 2
 
 
+@pytest.mark.integration
 def test_nan_loss_stops_with_clear_error(real_subset, tmp_path):
     _, prepared = real_subset
     trainer = make_trainer(prepared, str(tmp_path / "a"), model="ngram_lr", max_update=3)
@@ -157,6 +165,7 @@ def test_nan_loss_stops_with_clear_error(real_subset, tmp_path):
         trainer.fit()
 
 
+@pytest.mark.integration
 def test_bf16_trains_on_cpu(real_subset, tmp_path):
     _, prepared = real_subset
     result = make_trainer(
@@ -172,6 +181,7 @@ def test_bf16_trains_on_cpu(real_subset, tmp_path):
     assert result.num_updates == 4 and np.isfinite(result.best_score)
 
 
+@pytest.mark.integration
 def test_nan_injected_into_one_module_output_is_named(real_subset, tmp_path):
     _, prepared = real_subset
     trainer = make_trainer(prepared, str(tmp_path / "a"), model="textcnn", max_update=3)
@@ -182,6 +192,7 @@ def test_nan_injected_into_one_module_output_is_named(real_subset, tmp_path):
     assert "at update 1" in str(e.value)
 
 
+@pytest.mark.integration
 def test_nan_injected_into_one_gradient_is_named(real_subset, tmp_path):
     _, prepared = real_subset
     trainer = make_trainer(prepared, str(tmp_path / "a"), model="textcnn", max_update=3)
@@ -191,6 +202,7 @@ def test_nan_injected_into_one_gradient_is_named(real_subset, tmp_path):
     assert "gradient of parameter 'convs.2.weight' (module 'convs.2')" in str(e.value)
 
 
+@pytest.mark.integration
 def test_max_loss_stops_training(real_subset, tmp_path):
     _, prepared = real_subset
     trainer = make_trainer(prepared, str(tmp_path / "a"), model="ngram_lr", max_loss=0.01)
@@ -198,6 +210,7 @@ def test_max_loss_stops_training(real_subset, tmp_path):
         trainer.fit()
 
 
+@pytest.mark.integration
 def test_update_freq_change_keeps_data_order(real_subset, tmp_path):
     """batch 32 x 1 and batch 8 x 4 read the same samples in the same updates (two epochs)."""
     _, prepared = real_subset
@@ -212,6 +225,7 @@ def test_update_freq_change_keeps_data_order(real_subset, tmp_path):
     assert first == epoch_order(n, 1, 1)[:32].tolist()
 
 
+@pytest.mark.integration
 def test_auto_ga_halves_micro_batch_on_oom_and_keeps_the_update(real_subset, tmp_path, caplog):
     """A (simulated) CUDA OOM above 8 samples: the update is redone in micro-batches of 8."""
     _, prepared = real_subset
@@ -256,6 +270,7 @@ def test_auto_ga_halves_micro_batch_on_oom_and_keeps_the_update(real_subset, tmp
         no_ga.fit()
 
 
+@pytest.mark.integration
 def test_inspect_grad_summaries_profile_and_max_samples(real_subset, tmp_path):
     from xdpx import log as xlog
     from xdpx.models.textcnn import TextCNN

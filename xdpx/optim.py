@@ -10,9 +10,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import torch
 from torch import nn
 
-__all__ = ["param_groups", "warmup_updates"]
+__all__ = ["build_optimizer", "build_scheduler", "param_groups", "warmup_updates"]
 
 
 def _is_head(module: nn.Module, name: str) -> bool:
@@ -62,3 +63,32 @@ def warmup_updates(cfg: Any, total_updates: int) -> int:
     if cfg.warmup_ratio:
         return math.ceil(cfg.warmup_ratio * total_updates)
     return cfg.warmup_steps
+
+
+def build_optimizer(module: nn.Module, cfg: Any) -> torch.optim.Optimizer:
+    """``AdamW`` over :func:`param_groups` with ``adam_betas``, ``adam_eps``, ``weight_decay``.
+
+    ``fused=True``: one kernel per step, several times faster than ``foreach`` on CPU for
+    big embedding tables (measured on ngram_lr's hashed table).
+    """
+    return torch.optim.AdamW(
+        param_groups(module, cfg),
+        lr=cfg.learning_rate,
+        betas=tuple(cfg.adam_betas),
+        eps=cfg.adam_eps,
+        weight_decay=cfg.weight_decay,
+        fused=True,
+    )
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: Any, total_updates: int) -> Any:
+    """``transformers.get_scheduler(cfg.lr_scheduler)`` over ``total_updates`` updates with
+    :func:`warmup_updates` of warmup."""
+    from transformers import get_scheduler
+
+    return get_scheduler(
+        cfg.lr_scheduler,
+        optimizer,
+        num_warmup_steps=warmup_updates(cfg, total_updates),
+        num_training_steps=total_updates,
+    )

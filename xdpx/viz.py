@@ -86,7 +86,7 @@ TRAIN_PANELS = ("loss", "accuracy")
 
 def _train_panels(train_log: pd.DataFrame) -> list[str]:
     """``train/loss``, ``train/accuracy``, then ``train/<name>`` for each ``add_summary`` column."""
-    from xdpx.trainer import TRAIN_COLUMNS  # lazy: keeps ``import xdpx.viz`` free of torch
+    from xdpx.runlog import TRAIN_COLUMNS
 
     extra = [c for c in train_log.columns if c not in TRAIN_COLUMNS]
     return [f"train/{c}" for c in (*TRAIN_PANELS, *extra) if c in train_log.columns]
@@ -172,9 +172,7 @@ def learning_curves_figure(
     for d in dirs:
         if not io.isdir(d):
             raise FileNotFoundError(f"{d} not found: expected a training run directory")
-    logs = [
-        (read_log(d, "train.log.tsv"), read_log(d, "valid.log.tsv", required=False)) for d in dirs
-    ]
+    logs = [(read_log(d, "train"), read_log(d, "valid", required=False)) for d in dirs]
     train_log, valid_log = logs[0]
     panels = _train_panels(train_log) + _valid_panels(valid_log)
     if metrics is not None:

@@ -1,0 +1,86 @@
+"""Data order of training: epoch permutations, update windows, DDP shards, step seeds.
+
+Seeding follows the XDPX FAQ (seeds/000): the order of epoch ``e`` is drawn from
+``(seed, e)`` only and the step noise (dropout) of update ``u`` from ``(seed, u)`` (plus the
+rank under DDP), so the data order does not depend on ``batch_size``/``update_freq`` as
+long as their product is kept, and a resumed run draws what an uninterrupted one draws.
+
+Each update consumes a *window* of ``batch_size * update_freq * world_size`` samples of the
+epoch order; rank ``r`` of ``world_size`` takes every ``world_size``-th sample of the window
+starting at ``r`` (for full windows the sets ``DistributedSampler`` + batching give).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
+    """Permutation of ``range(n)`` for ``epoch``, seeded by ``(seed, epoch)`` only (FAQ: shuffling)."""
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+class ShardedOrder:
+    """Seeded, rank-sharded epoch order with ``DistributedSampler`` semantics.
+
+    ``set_epoch(e)`` selects the permutation of epoch ``e`` (``epoch_order``),
+    padded by wrapping around to a multiple of ``world_size`` (as
+    ``DistributedSampler(drop_last=False)`` does) so every rank gets the same
+    number of samples. ``shard(window)`` is rank ``rank``'s share of a window
+    of that order: every ``world_size``-th sample starting at ``rank``.
+
+    Args:
+        n: dataset size.
+        seed: ``train.seed``.
+        world_size / rank: process group size and this process's rank.
+    """
+
+    def __init__(self, n: int, seed: int, world_size: int = 1, rank: int = 0) -> None:
+        self.n, self.seed, self.world_size, self.rank = n, seed, world_size, rank
+        self.epoch = 1
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the order of ``epoch`` (1-based)."""
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return math.ceil(self.n / self.world_size) * self.world_size
+
+    def order(self) -> np.ndarray:
+        """Global order of the current epoch, ``[len(self)]`` sample ids."""
+        order = epoch_order(self.n, self.seed, self.epoch)
+        pad = len(self) - self.n
+        return np.concatenate([order, order[:pad]]) if pad else order
+
+    def shard(self, window: np.ndarray) -> np.ndarray:
+        """This rank's samples of ``window`` (a slice of ``order()``)."""
+        return window[self.rank :: self.world_size]
+
+
+def update_seed(seed: int, num_updates: int, rank: int = 0) -> int:
+    """Seed of the step noise (dropout) of update ``num_updates`` (FAQ: by seed and num_updates).
+
+    Under DDP the rank is mixed in so ranks draw different dropout masks; rank 0
+    draws what a single process would.
+    """
+    entropy = [seed, num_updates] + ([rank] if rank else [])
+    return int(np.random.SeedSequence(entropy).generate_state(1)[0])
+
+
+def total_updates(epoch_len: int, window_size: int, cfg: Any) -> int:
+    """Updates the run makes: the smallest of ``max_epoch`` epochs of ``epoch_len`` samples,
+    ``max_update`` and ``max_samples`` (in whole windows of ``window_size``)."""
+    budgets = [cfg.max_epoch * math.ceil(epoch_len / window_size)]
+    if cfg.max_update is not None:
+        budgets.append(cfg.max_update)
+    if cfg.max_samples is not None:
+        budgets.append(math.ceil(cfg.max_samples / window_size))
+    return min(budgets)
+
+
+def micro_batches(local: np.ndarray, micro_batch_size: int) -> list[np.ndarray]:
+    """``local`` (one rank's share of a window) cut into micro-batches of ``micro_batch_size``."""
+    return [local[i : i + micro_batch_size] for i in range(0, len(local), micro_batch_size)]
