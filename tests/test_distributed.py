@@ -7,9 +7,12 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
+
+pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,3 +70,38 @@ def test_ddp_two_processes_equal_single_process_with_twice_the_batch(real_subset
     assert logs[0]["lr"].iloc[0] > 0 and (logs[0]["grad_norm"] > 0).all()
     repro = yaml.safe_load((ddp / "repro.json").read_text())
     assert repro["world_size"] == 2
+
+
+@pytest.mark.parametrize("n_train", [95, 97])
+def test_ddp_last_window_is_exact_with_an_odd_train_size(real_subset, tmp_path, n_train):
+    """An odd train size, one epoch of windows of 16: the last window holds 15 samples (ranks
+    get 8 and 7) or 1 (rank 1's share is empty). No sample is used twice (the order is not
+    padded) and DDP equals one process on the same windows."""
+    from stages import prepro
+    from xdpx.config import PreproConfig
+
+    raw, _ = real_subset
+    small = tmp_path / "raw"
+    small.mkdir()
+    for split, rows in (("train", n_train), ("dev", 40)):
+        lines = (Path(raw) / f"{split}.tsv").read_text().splitlines()
+        (small / f"{split}.tsv").write_text("\n".join(lines[: rows + 1]) + "\n")
+    prepared = str(tmp_path / "prepared")
+    prepro.run(
+        PreproConfig(
+            data_source=str(small),
+            data_files={"train": "train.tsv", "dev": "dev.tsv"},
+            data_dir=prepared,
+            max_len=64,
+        )
+    )
+    epoch = {"max_update": None, "max_epoch": 1, "log_sample_ids": True}
+    single = train(tmp_path, prepared, "single", 1, batch_size=16, **epoch)
+    ddp = train(tmp_path, prepared, "ddp", 2, batch_size=8, **epoch)
+    assert_same_weights(single, ddp)
+    logs = [pd.read_csv(r / "train.log.tsv", sep="\t") for r in (single, ddp)]
+    assert logs[1]["samples_seen"].iloc[-1] == n_train == logs[0]["samples_seen"].iloc[-1]
+    pd.testing.assert_series_equal(logs[1]["loss"], logs[0]["loss"], rtol=1e-5)
+    ids = pd.read_csv(ddp / "samples.log.tsv", sep="\t")["sample_ids"]
+    seen = [int(i) for row in ids for i in str(row).split(",")]
+    assert sorted(seen) == list(range(n_train))  # every sample once, none twice

@@ -7,7 +7,13 @@ long as their product is kept, and a resumed run draws what an uninterrupted one
 
 Each update consumes a *window* of ``batch_size * update_freq * world_size`` samples of the
 epoch order; rank ``r`` of ``world_size`` takes every ``world_size``-th sample of the window
-starting at ``r`` (for full windows the sets ``DistributedSampler`` + batching give).
+starting at ``r`` (for full windows the sets ``DistributedSampler`` + batching give). The
+order is not padded: the last window of an epoch holds exactly the samples left, so its
+shares may differ by one (or be empty), and no sample is seen twice in an epoch.
+``DistributedSampler(drop_last=False)`` instead wraps around to a multiple of
+``world_size``; that is needed when each rank averages its own loss, not here, where every
+rank divides its summed loss by the window's samples per rank (``xdpx.trainer``), so the
+update equals single-process training on the same window.
 """
 
 from __future__ import annotations
@@ -24,13 +30,11 @@ def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
 
 
 class ShardedOrder:
-    """Seeded, rank-sharded epoch order with ``DistributedSampler`` semantics.
+    """Seeded, rank-sharded epoch order (``set_epoch`` as ``DistributedSampler``'s).
 
-    ``set_epoch(e)`` selects the permutation of epoch ``e`` (``epoch_order``),
-    padded by wrapping around to a multiple of ``world_size`` (as
-    ``DistributedSampler(drop_last=False)`` does) so every rank gets the same
-    number of samples. ``shard(window)`` is rank ``rank``'s share of a window
-    of that order: every ``world_size``-th sample starting at ``rank``.
+    ``set_epoch(e)`` selects the permutation of epoch ``e`` (``epoch_order``), the same on
+    every rank. ``shard(window)`` is rank ``rank``'s share of a window of that order: every
+    ``world_size``-th sample starting at ``rank`` (unpadded: see the module docstring).
 
     Args:
         n: dataset size.
@@ -47,13 +51,11 @@ class ShardedOrder:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return math.ceil(self.n / self.world_size) * self.world_size
+        return self.n
 
     def order(self) -> np.ndarray:
-        """Global order of the current epoch, ``[len(self)]`` sample ids."""
-        order = epoch_order(self.n, self.seed, self.epoch)
-        pad = len(self) - self.n
-        return np.concatenate([order, order[:pad]]) if pad else order
+        """Global order of the current epoch, ``[n]`` sample ids."""
+        return epoch_order(self.n, self.seed, self.epoch)
 
     def shard(self, window: np.ndarray) -> np.ndarray:
         """This rank's samples of ``window`` (a slice of ``order()``)."""

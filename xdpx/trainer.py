@@ -280,7 +280,7 @@ class Trainer:
             torch.manual_seed(update_seed(cfg.seed, st.num_updates, self.rank))
             self.optimizer.zero_grad(set_to_none=True)
             try:
-                loss_sum, correct = self._forward_backward(local, len(window))
+                loss_sum, correct = self._forward_backward(local, window)
                 break
             except torch.cuda.OutOfMemoryError as oom:
                 self._halve_micro_batch(oom, len(local))
@@ -322,8 +322,11 @@ class Trainer:
             st.sample_rows.append({"update": st.num_updates, "epoch": st.epoch, "sample_ids": ids})
         return grad_norm, scale
 
-    def _forward_backward(self, local: np.ndarray, n_window: int) -> tuple[float, float]:
+    def _forward_backward(self, local: np.ndarray, window: np.ndarray) -> tuple[float, float]:
         """Accumulate the gradients of one window share; returns (summed loss, correct).
+
+        Under DDP a rank whose share of a short last window is empty still joins the
+        gradient all-reduce: it runs the window's first sample with weight 0.
 
         With FreeLB each micro-batch takes ``adv_steps`` forward/backward passes with a
         perturbation on the embedding output, each backward on ``loss / adv_steps`` (Zhu et
@@ -332,8 +335,9 @@ class Trainer:
         seeded by (seed, update, micro-batch). The logged loss is the mean over the passes,
         the accuracy the first pass's.
         """
-        chunks = micro_batches(local, self.state.micro_batch_size)
-        per_rank = n_window / self.world_size  # DDP averages over ranks: sum / per_rank overall
+        weight = 1.0 if len(local) else 0.0
+        chunks = micro_batches(local if len(local) else window[:1], self.state.micro_batch_size)
+        per_rank = len(window) / self.world_size  # DDP averages over ranks: sum / per_rank overall
         steps = self.freelb.steps if self.freelb is not None else 1
         loss_sum = correct = 0.0
         sink: dict[str, list[float]] = {}
@@ -356,11 +360,13 @@ class Trainer:
                         loss = training_loss(
                             logits, y, idx, self.class_weight, self.teacher_logits, self.cfg
                         )
+                    if not weight:
+                        loss = loss * weight
                     self.scaler.scale(loss / (per_rank * steps)).backward()
                 if t < steps - 1:
                     self.freelb.ascend()  # type: ignore[union-attr]
                 loss_sum += loss.item() / steps
-                if t == 0:
+                if t == 0 and weight:
                     correct += (logits.argmax(-1) == y).sum().item()
         for name, values in sink.items():
             acc = self.state.summaries.setdefault(name, [0.0, 0])
