@@ -40,6 +40,7 @@ from bench.baseline import run_baseline  # noqa: E402
 from stages import evaluate, fetch, prepro, train  # noqa: E402
 from xdpx import io  # noqa: E402
 from xdpx.config import Params, load_params  # noqa: E402
+from xdpx.rundir import RunDir  # noqa: E402
 from xdpx.suite import summarize  # noqa: E402  (mean paired difference, SE, t interval)
 
 __all__ = ["run_split", "summarize", "main"]
@@ -75,7 +76,7 @@ def run_split(params: Params, seed: int, work_dir: str) -> dict[str, Any]:
     ours = evaluate.run(
         params.evaluate.model_copy(
             update={
-                "checkpoint": io.join(model, "<best>"),
+                "checkpoint": RunDir(model).best_alias,
                 "data_dir": prepared,
                 "splits": ["dev", "test"],
                 "metrics_file": io.join(work_dir, "metrics.json"),

@@ -37,9 +37,9 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import task_run as current_task_run
 
-from xdpx import preflight
 from xdpx.config import ConfigError, Params, load_params
 from xdpx.errors import RemoteIOError
+from xdpx.rundir import RunDir
 
 __all__ = ["STAGES", "STAGE_TASKS", "IO_RETRY_DELAYS", "StageError", "xdpx_pipeline", "main"]
 
@@ -113,7 +113,7 @@ def _train_config_for_attempt(cfg: Any) -> Any:
         return cfg
     key = str(current_task_run.get_id())
     if key not in _FRESH_SAVE_DIR:  # before the first attempt that got this far
-        _FRESH_SAVE_DIR[key] = not preflight.run_markers_in(cfg.save_dir)
+        _FRESH_SAVE_DIR[key] = not RunDir(cfg.save_dir).markers()
         return cfg
     if current_task_run.get_run_count() > 1 and _FRESH_SAVE_DIR[key]:
         get_run_logger().warning(

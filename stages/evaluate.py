@@ -18,9 +18,10 @@ from pydantic import BaseModel
 from xdpx import io
 from xdpx.checkpoint import check_reader, load_checkpoint
 from xdpx.config import EvaluateConfig
-from xdpx.data import load_split
+from xdpx.data import TARGET_MAP_FILE, load_split
 from xdpx.inference import as_samples, predict_probs
 from xdpx.metrics import METRIC_DIRECTIONS, classification_metrics, confusion_matrix
+from xdpx.rundir import RunDir, of_checkpoint
 from xdpx.stage import stage_main
 from xdpx.viz import confusion_figure, save_figure, valid_curve_figure
 
@@ -51,8 +52,8 @@ def run(cfg: EvaluateConfig) -> EvaluateResult:
     """
     cfg = check(cfg)
     ckpt = load_checkpoint(cfg.checkpoint)
-    data_labels = io.read_text(io.join(cfg.data_dir, "target_map.txt")).split()
-    ckpt_labels = io.read_text(io.join(ckpt.path, "target_map.txt")).split()
+    data_labels = io.read_text(io.join(cfg.data_dir, TARGET_MAP_FILE)).split()
+    ckpt_labels = io.read_text(io.join(ckpt.path, TARGET_MAP_FILE)).split()
     if data_labels != ckpt_labels:
         raise ValueError(
             f"evaluate.data_dir {cfg.data_dir} has labels {data_labels} but checkpoint {ckpt.path} was trained on {ckpt_labels}"
@@ -71,8 +72,8 @@ def run(cfg: EvaluateConfig) -> EvaluateResult:
     if cm is not None:
         title = f"{cfg.splits[-1]}: accuracy {metrics[cfg.splits[-1]]['accuracy']:.4f}"
         save_figure(confusion_figure(cm, ckpt_labels, title), cfg.confusion_png)
-    run_dir = io.dirname(ckpt.path)
-    valid_log = io.join(run_dir, "valid.log.tsv")
+    run_dir = of_checkpoint(ckpt.path)
+    valid_log = run_dir.valid_log
     if io.exists(valid_log):
         df = pd.read_csv(io.open(valid_log), sep="\t")
         major = _major_metric(run_dir)
@@ -86,10 +87,10 @@ def run(cfg: EvaluateConfig) -> EvaluateResult:
     )
 
 
-def _major_metric(run_dir: str) -> str:
+def _major_metric(run_dir: RunDir) -> str:
     import yaml
 
-    params = io.join(run_dir, "params.yaml")
+    params = run_dir.params
     if io.exists(params):
         return (
             (yaml.safe_load(io.read_text(params)) or {})

@@ -11,7 +11,6 @@ and the text column(s) first, csv quoting, and ``prob_<label>`` plus
 
 from __future__ import annotations
 
-import json
 import logging
 
 from pydantic import BaseModel
@@ -19,7 +18,7 @@ from pydantic import BaseModel
 from xdpx import io
 from xdpx.checkpoint import check_reader, load_checkpoint
 from xdpx.config import PredictConfig, PreproConfig
-from xdpx.data import DataError, Encoder, read_examples
+from xdpx.data import DataError, Encoder, PreparedMeta, read_examples
 from xdpx.distill import teacher_rows
 from xdpx.inference import as_samples, format_probs, predict_logits, probs_from_logits
 from xdpx.stage import stage_main
@@ -52,8 +51,7 @@ def run(cfg: PredictConfig) -> PredictResult:
     """
     cfg = check(cfg)
     ckpt = load_checkpoint(cfg.checkpoint)
-    meta = json.loads(io.read_text(io.join(ckpt.path, "meta.json")))
-    prepro = PreproConfig(**meta["prepro"])
+    prepro = PreproConfig(**PreparedMeta.read(ckpt.path).prepro)
     encoder = Encoder.from_dir(ckpt.path)
     data = read_examples(cfg.data_file, prepro, require_label=False)
     if len(data.texts) == 0:

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from xdpx import io, preflight
 from xdpx.checkpoint import CheckpointError, find_resumable, resolve_checkpoint
 from xdpx.config import TrainConfig, dump_yaml, non_defaults
-from xdpx.data import VOCAB_FILE, Vocab, load_split
+from xdpx.data import VOCAB_FILE, PreparedMeta, Vocab, load_split
 from xdpx.distill import load_teacher_logits
 from xdpx.inference import as_samples
 from xdpx.models import (
@@ -31,12 +31,11 @@ from xdpx.models import (
     model_config_from,
     with_default_learning_rate,
 )
+from xdpx.rundir import LAST, RunDir
 from xdpx.stage import stage_main
 from xdpx.trainer import EvalEvent, Trainer, TrainResult
 
 log = logging.getLogger("xdpx.train")
-
-#: Files whose presence means save_dir already holds a run (``export/`` alone does not count).
 
 
 def _git(*args: str) -> str:
@@ -48,7 +47,7 @@ def _git(*args: str) -> str:
         return ""
 
 
-def write_bundle(cfg: TrainConfig, meta: dict, resumed_from: str | None = None) -> None:
+def write_bundle(cfg: TrainConfig, meta: PreparedMeta, resumed_from: str | None = None) -> None:
     """Reproducibility bundle: resolved params, non-default starter config, code and library versions.
 
     Writes ``params.yaml`` (the resolved train section + the prepro config
@@ -58,14 +57,12 @@ def write_bundle(cfg: TrainConfig, meta: dict, resumed_from: str | None = None) 
     """
     import transformers
 
-    io.write_text(
-        io.join(cfg.save_dir, "params.yaml"),
-        dump_yaml({"train": cfg, "prepro": meta.get("prepro", {})}),
-    )
+    run_dir = RunDir(cfg.save_dir)
+    io.write_text(run_dir.params, dump_yaml({"train": cfg, "prepro": meta.prepro}))
     starter = non_defaults(cfg)
     if starter.get("learning_rate") == default_learning_rate(cfg.model):
         del starter["learning_rate"]  # what learning_rate: null means for this model
-    io.write_text(io.join(cfg.save_dir, "starter.yaml"), dump_yaml({"train": starter}))
+    io.write_text(run_dir.starter, dump_yaml({"train": starter}))
     repro = {
         "command": sys.argv,
         "git_commit": _git("rev-parse", "HEAD").strip(),
@@ -76,7 +73,7 @@ def write_bundle(cfg: TrainConfig, meta: dict, resumed_from: str | None = None) 
         "world_size": int(os.environ.get("WORLD_SIZE", "1")),
         "resumed_from": resumed_from,
     }
-    io.write_text(io.join(cfg.save_dir, "repro.json"), json.dumps(repro, indent=2))
+    io.write_text(run_dir.repro, json.dumps(repro, indent=2))
 
 
 def _init_distributed(cfg: TrainConfig) -> bool:
@@ -103,12 +100,13 @@ def _resume_path(cfg: TrainConfig) -> str | None:
     if not cfg.resume:
         return None
     path = find_resumable(cfg.save_dir)
-    if path is None and preflight.run_markers_in(cfg.save_dir):
+    if path is None and RunDir(cfg.save_dir).markers():
         raise CheckpointError(
-            f"train.resume: {cfg.save_dir} holds a run but no full checkpoint (last/trainer_state.json"
+            f"train.resume: {cfg.save_dir} holds a run but no full checkpoint "
+            f"({LAST}/trainer_state.json"
             + (" with its manifest.json" if io.is_remote(cfg.save_dir) else "")
             + "); it was trained without save_full_checkpoint=true"
-            + (" or the upload of last/ was interrupted" if io.is_remote(cfg.save_dir) else "")
+            + (f" or the upload of {LAST}/ was interrupted" if io.is_remote(cfg.save_dir) else "")
         )
     if path is None:
         log.info("train.resume: nothing to resume in %s; starting a new run", cfg.save_dir)
@@ -140,7 +138,7 @@ def check(cfg: TrainConfig) -> TrainConfig:
         FileNotFoundError, FileExistsError, CheckpointError, ValueError: see ``run``.
     """
     preflight.must_exist(
-        "train", "data_dir", io.join(cfg.data_dir, "meta.json"), "run prepro first"
+        "train", "data_dir", PreparedMeta.path_in(cfg.data_dir), "run prepro first"
     )
     check_model_fits_data(cfg.model, cfg.data_dir, "train.model")
     if cfg.resume_from:
@@ -172,7 +170,7 @@ def run(cfg: TrainConfig, on_eval: Callable[[EvalEvent], None] | None = None) ->
     cfg = check(cfg)
     cfg = with_default_learning_rate(cfg)  # written as such into the run's params.yaml
     resume_path = _resume_path(cfg)
-    previous = preflight.run_markers_in(cfg.save_dir)
+    previous = RunDir(cfg.save_dir).markers()
     distributed = _init_distributed(cfg)
     try:
         return _train(
@@ -190,11 +188,11 @@ def _train(
     on_eval: Callable[[EvalEvent], None] | None = None,
 ) -> TrainResult:
     rank = dist.get_rank() if dist.is_initialized() else 0
-    meta = json.loads(io.read_text(io.join(cfg.data_dir, "meta.json")))
+    meta = PreparedMeta.read(cfg.data_dir)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     train = load_split(cfg.data_dir, cfg.train_subset)
-    has_valid = cfg.valid_subset in meta.get("splits", {})
+    has_valid = cfg.valid_subset in meta.splits
     valid = load_split(cfg.data_dir, cfg.valid_subset) if has_valid else None
     if valid is None:
         log.warning("no %r split in %s: no evaluation, best = last", cfg.valid_subset, cfg.data_dir)
@@ -205,7 +203,7 @@ def _train(
     )
     torch.manual_seed(cfg.seed)  # parameter init by seed (FAQ)
     model_config = model_config_from(
-        cfg.model, cfg, meta["vocab_size"], meta["num_labels"], meta.get("pad_id", 0), meta
+        cfg.model, cfg, meta.vocab_size, meta.num_labels, meta.pad_id, meta
     )
     if resume_path is not None:  # tables built from the data (ngram_lr's num_features) as saved
         saved = json.loads(io.read_text(io.join(resume_path, "config.json")))["model_config"]
@@ -244,7 +242,7 @@ def _train(
         model_name=cfg.model,
         model_config=model_config,
         assets_dir=cfg.data_dir,
-        pad_id=meta.get("pad_id", 0),
+        pad_id=meta.pad_id,
         on_eval=on_eval,
         teacher_logits=teacher,
     )
@@ -252,7 +250,7 @@ def _train(
         trainer.resume(resume_path)
     result = trainer.fit()
     if rank == 0:
-        io.write_text(io.join(cfg.save_dir, "result.json"), json.dumps(result.__dict__, indent=2))
+        io.write_text(RunDir(cfg.save_dir).result, json.dumps(result.__dict__, indent=2))
     return result
 
 

@@ -14,6 +14,7 @@ import torch
 from stages import export as export_stage
 from xdpx.checkpoint import load_checkpoint, save_checkpoint
 from xdpx.config import ExportConfig
+from xdpx.data import PreparedMeta
 from xdpx.export import (
     ExportParityError,
     build_example,
@@ -70,9 +71,17 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     vocab = ["[PAD]", "[UNK]"] + [f"t{i}" for i in range(2, VOCAB_SIZE)]
     (root / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
     (root / "target_map.txt").write_text("\n".join(LABELS) + "\n", encoding="utf-8")
-    meta = {"tokenizer": "char", "max_len": 20, "vocab_size": VOCAB_SIZE, "num_labels": 3}
-    (root / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
     seqs = _sequences(40)
+    PreparedMeta(
+        tokenizer="char",
+        lower=True,
+        max_len=20,
+        vocab_size=VOCAB_SIZE,
+        num_labels=len(LABELS),
+        labels=LABELS,
+        splits={"test": {"rows": len(seqs)}},
+        prepro={},
+    ).write(str(root))
     _write_split(root, "test", seqs, [i % len(LABELS) for i in range(len(seqs))])
     return root
 

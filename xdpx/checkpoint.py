@@ -42,7 +42,9 @@ from safetensors.torch import save as st_save
 from torch import nn
 
 from xdpx import io, preflight
+from xdpx.data import META_FILE, TARGET_MAP_FILE, VOCAB_FILE, PreparedMeta
 from xdpx.models import build_model, check_model_fits_data
+from xdpx.rundir import ALIASES, LAST, RunDir
 
 __all__ = [
     "ASSETS",
@@ -58,8 +60,7 @@ __all__ = [
 ]
 
 #: Files copied from the prepared data dir into every checkpoint.
-ASSETS = ("vocab.txt", "target_map.txt", "meta.json")
-ALIASES = {"<best>": "best", "<last>": "last"}
+ASSETS = (VOCAB_FILE, TARGET_MAP_FILE, META_FILE)
 MANIFEST = "manifest.json"
 #: Extra files of a full checkpoint (``train.save_full_checkpoint``).
 TRAINING_FILES = ("trainer_state.json", "optimizer.pt", "scheduler.pt", "scaler.pt", "rng.pt")
@@ -207,13 +208,13 @@ def find_resumable(run_dir: str) -> str | None:
     uploaded last); if a crash hit the instant between the two renames of a local
     atomic replace, the complete previous ``last.old-*`` copy.
     """
-    last = io.join(run_dir, "last")
+    last = RunDir(run_dir).last
     markers = ("trainer_state.json", MANIFEST) if io.is_remote(run_dir) else ("trainer_state.json",)
     if all(io.exists(io.join(last, name)) for name in markers):
         return last
     if io.is_local(run_dir) and os.path.isdir(run_dir):
         olds = sorted(
-            (e for e in os.scandir(run_dir) if e.name.startswith("last.old-") and e.is_dir()),
+            (e for e in os.scandir(run_dir) if e.name.startswith(f"{LAST}.old-") and e.is_dir()),
             key=lambda e: e.stat().st_mtime,
             reverse=True,
         )
@@ -284,7 +285,7 @@ def check_reader(section: str, cfg: Any) -> Any:
         outputs: tuple[str, ...] = (cfg.out_file,)
     else:
         preflight.must_exist(
-            section, "data_dir", io.join(cfg.data_dir, "meta.json"), "run prepro first"
+            section, "data_dir", PreparedMeta.path_in(cfg.data_dir), "run prepro first"
         )
         model = json.loads(io.read_text(io.join(path, "config.json")))["model"]
         check_model_fits_data(model, cfg.data_dir, f"{section}.checkpoint {path}: model")

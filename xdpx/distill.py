@@ -40,7 +40,6 @@ independent of ``T``.
 from __future__ import annotations
 
 import io as _pyio
-import json
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -50,7 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from xdpx import io
-from xdpx.data import DataError, Encoder, SplitData
+from xdpx.data import DataError, Encoder, PreparedMeta, SplitData
 
 log = logging.getLogger("xdpx.distill")
 
@@ -311,9 +310,10 @@ def load_teacher_logits(path: str, data_dir: str, split: str, data: SplitData) -
             number of rows, ids out of order, or a row whose text does not encode to the
             sample's token ids; the message names the file, the line and the fix.
     """
-    meta = json.loads(io.read_text(io.join(data_dir, "meta.json")))
-    prepro = meta.get("prepro") or {}
-    source = (meta.get("splits", {}).get(split) or {}).get("source", f"the {split} file")
+    meta = PreparedMeta.read(data_dir)
+    prepro = meta.prepro
+    split_meta = meta.splits.get(split)
+    source = (split_meta and split_meta.source) or f"the {split} file"
     encoder = Encoder.from_dir(data_dir)
     teacher = read_teacher_file(
         path, encoder.labels, prepro.get("text_column", "text"), prepro.get("text2_column")

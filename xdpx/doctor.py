@@ -9,7 +9,6 @@ for early stopping.
 
 from __future__ import annotations
 
-import json
 import platform
 from dataclasses import dataclass
 
@@ -49,18 +48,21 @@ def _environment() -> list[Check]:
 
 
 def _data(params: Params) -> list[Check]:
-    from xdpx.data import load_split
+    from xdpx.data import DataError, PreparedMeta, load_split
 
     out: list[Check] = []
     data_dir = params.train.data_dir
-    meta_path = io.join(data_dir, "meta.json")
+    meta_path = PreparedMeta.path_in(data_dir)
     if not io.exists(meta_path):
         return [
             Check("warn", "data", f"{meta_path} not found: run prepro first (dvc repro prepro)")
         ]
-    meta = json.loads(io.read_text(meta_path))
-    labels = meta["labels"]
-    splits = meta.get("splits", {})
+    try:
+        meta = PreparedMeta.read(data_dir)
+    except DataError as e:
+        return [Check("fail", "data", str(e))]
+    labels = meta.labels
+    splits = meta.splits
     hashes: dict[str, set[bytes]] = {}
     unit = "texts"
     for split, info in splits.items():
@@ -73,7 +75,7 @@ def _data(params: Params) -> list[Check]:
                 np.int64(len(a)).tobytes() + a.tobytes() + b.tobytes()
                 for a, b in zip(data.input_ids, data.input_ids2, strict=True)
             }
-        if info.get("has_labels", True) and len(data):
+        if info.has_labels and len(data):
             counts = np.bincount(data.labels[data.labels >= 0], minlength=len(labels))
             majority = counts.max() / max(counts.sum(), 1)
             dist = ", ".join(f"{lab} {c}" for lab, c in zip(labels, counts, strict=True))
@@ -85,14 +87,14 @@ def _data(params: Params) -> list[Check]:
                     f"{dist}; majority-class rate {majority:.3f} (the accuracy to beat)",
                 )
             )
-        truncated = info.get("truncated", 0)
-        frac = truncated / max(info.get("rows", len(data)), 1)
+        truncated = info.truncated
+        frac = truncated / max(info.rows, 1)
         out.append(
             Check(
                 "warn" if frac > 0.05 else "ok",
                 f"max_len[{split}]",
-                f"{truncated} of {info.get('rows', len(data))} texts truncated ({frac:.1%}) "
-                f"at max_len {meta['max_len']}",
+                f"{truncated} of {info.rows} texts truncated ({frac:.1%}) "
+                f"at max_len {meta.max_len}",
             )
         )
     train = hashes.get(params.train.train_subset, set())

@@ -28,22 +28,19 @@ import logging
 from typing import Any
 
 from xdpx import io
+from xdpx.data.meta import PreparedMeta
+from xdpx.rundir import RunDir
 
 log = logging.getLogger("xdpx.preflight")
 
 __all__ = [
-    "RUN_MARKERS",
     "check_prepro",
     "check_run_dir",
     "free_run_dir",
     "must_exist",
     "must_resolve",
     "reachable",
-    "run_markers_in",
 ]
-
-#: Files/dirs whose presence means a directory already holds a training run.
-RUN_MARKERS = ("best", "last", "train.log.tsv", "valid.log.tsv", "params.yaml")
 
 
 def must_exist(section: str, key: str, path: str, what: str = "") -> None:
@@ -70,27 +67,12 @@ def must_resolve(section: str, key: str, path: str) -> None:
         raise FileNotFoundError(f"{section}.{key}: {e}") from None
 
 
-def run_markers_in(path: str) -> list[str]:
-    """The ``RUN_MARKERS`` present in ``path`` (empty: it holds no training run).
-
-    On an object store this is one (retried) listing; a store that keeps failing raises
-    ``RemoteIOError`` rather than reporting a free directory.
-    """
-    if io.is_remote(path):
-        try:
-            names = {p.rstrip("/").rsplit("/", 1)[-1] for p in io.ls(path)}
-        except FileNotFoundError:
-            return []
-        return [name for name in RUN_MARKERS if name in names]
-    return [name for name in RUN_MARKERS if io.exists(io.join(path, name))]
-
-
 def free_run_dir(path: str) -> str:
     """The first of ``path``, ``path-2``, ``path-3``, ... that holds no run."""
-    if not run_markers_in(path):
+    if not RunDir(path).markers():
         return path
     k = 2
-    while run_markers_in(f"{path}-{k}"):
+    while RunDir(f"{path}-{k}").markers():
         k += 1
     return f"{path}-{k}"
 
@@ -126,12 +108,12 @@ def check_run_dir(cfg: Any) -> Any:
         FileExistsError: ``save_dir`` holds a run and none of ``overwrite``, ``resume``,
             ``resume_from``, ``auto_suffix`` is set.
     """
-    must_exist("train", "data_dir", io.join(cfg.data_dir, "meta.json"), "run prepro first")
+    must_exist("train", "data_dir", PreparedMeta.path_in(cfg.data_dir), "run prepro first")
     if cfg.pretrained_model:
         must_resolve("train", "pretrained_model", cfg.pretrained_model)
     if cfg.distill_from:
         must_exist("train", "distill_from", cfg.distill_from, "predict.distill=true output")
-    previous = run_markers_in(cfg.save_dir)
+    previous = RunDir(cfg.save_dir).markers()
     if previous and cfg.auto_suffix:
         fresh = free_run_dir(cfg.save_dir)
         log.info("train.auto_suffix: %s holds a run; using %s", cfg.save_dir, fresh)

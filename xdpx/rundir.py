@@ -31,6 +31,9 @@ MARKERS = (BEST, LAST, "train.log.tsv", "valid.log.tsv", "params.yaml")
 #: Subdirectories that are not runs of their own when searching a tree for runs.
 INNER_DIRS = (BEST, LAST, "dvclive", "profile", "export")
 CHECKPOINT_PREFIX = "checkpoint-"
+#: Files whose direct presence makes a directory a run (:meth:`RunDir.is_run`,
+#: ``xdpx.scripts.find_runs``).
+RUN_FILES = ("valid.log.tsv", "result.json")
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,7 @@ class RunDir:
 
     def is_run(self) -> bool:
         """Directly holds a ``valid.log.tsv`` or ``result.json``."""
-        return io.exists(self.valid_log) or io.exists(self.result)
+        return any(io.exists(self._join(name)) for name in RUN_FILES)
 
     def markers(self) -> list[str]:
         """The :data:`MARKERS` present (empty: the directory holds no run).

@@ -30,6 +30,7 @@ import yaml
 
 from xdpx import io
 from xdpx.metrics import METRIC_DIRECTIONS
+from xdpx.rundir import BEST, CHECKPOINT_PREFIX, INNER_DIRS, LAST, RUN_FILES, RunDir
 
 log = logging.getLogger("xdpx.scripts")
 
@@ -46,30 +47,29 @@ __all__ = [
     "clean_checkpoints",
 ]
 
-#: Files whose presence makes a directory a training run (for ``find_runs``).
-RUN_FILES = ("valid.log.tsv", "result.json")
 #: ``valid.log.tsv`` columns that are positions, not metrics.
 POSITION_COLUMNS = ("update", "epoch", "samples_seen")
 
-_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+_CHECKPOINT = re.compile(rf"^{re.escape(CHECKPOINT_PREFIX)}(\d+)$")
 _OLD = re.compile(r"^(?P<name>.+)\.old-[0-9a-f]{8}$")  # io.replace_dir's renamed-aside copy
 _TMP = re.compile(r"^\.(?P<name>.+)\.tmp-[0-9a-f]{8}$")  # io.tmp_sibling's temp directory
 
 
 # ---------------------------------------------------------------- reading one run
 def read_log(run_dir: str, name: str, required: bool = True) -> pd.DataFrame | None:
-    """Read ``<run_dir>/<name>`` (a TSV log such as ``train.log.tsv``) into a DataFrame.
+    """Read the run's ``<name>.log.tsv`` (``train``, ``valid``, ``grad``, ``samples``;
+    :meth:`xdpx.rundir.RunDir.log`) into a DataFrame.
 
     Args:
         run_dir: training run directory (local path or fsspec URL).
-        name: file name inside it.
+        name: the log's name: ``"train"`` reads ``train.log.tsv``.
         required: raise when the file is missing; otherwise return None.
 
     Raises:
         FileNotFoundError: the file is missing and ``required`` (the message
             names the path and asks whether ``run_dir`` is a run directory).
     """
-    path = io.join(run_dir, name)
+    path = RunDir(run_dir).log(name)
     if not io.exists(path):
         if not required:
             return None
@@ -82,7 +82,7 @@ def read_log(run_dir: str, name: str, required: bool = True) -> pd.DataFrame | N
 
 def read_result(run_dir: str) -> dict[str, Any] | None:
     """``<run_dir>/result.json`` (``TrainResult`` fields) as a dict, or None when absent."""
-    path = io.join(run_dir, "result.json")
+    path = RunDir(run_dir).result
     if not io.exists(path):
         return None
     return json.loads(io.read_text(path))
@@ -96,7 +96,7 @@ def _read_yaml(path: str) -> Any:
 
 
 def _run_train_section(run_dir: str) -> dict[str, Any] | None:
-    path = io.join(run_dir, "params.yaml")
+    path = RunDir(run_dir).params
     if not io.exists(path):
         return None
     raw = _read_yaml(path) or {}
@@ -149,7 +149,7 @@ def best_valid_row(
         ``valid.log.tsv``, no rows, or no known major metric.
     """
     if valid_log is None:
-        valid_log = read_log(run_dir, "valid.log.tsv", required=False)
+        valid_log = read_log(run_dir, "valid", required=False)
     if valid_log is None or valid_log.empty:
         return None
     result = read_result(run_dir) or {}
@@ -197,12 +197,7 @@ def find_runs(root: str) -> list[str]:
             dirs[:] = [
                 d
                 for d in dirs
-                if not (
-                    d in ("best", "last", "dvclive", "profile")
-                    or _CHECKPOINT.match(d)
-                    or _OLD.match(d)
-                    or _TMP.match(d)
-                )
+                if not (d in INNER_DIRS or _CHECKPOINT.match(d) or _OLD.match(d) or _TMP.match(d))
             ]
     return sorted(runs)
 
@@ -229,7 +224,7 @@ def load_run_params(path: str) -> dict[str, Any]:
         ValueError: the file is not valid YAML or not a mapping.
     """
     if io.isdir(path):
-        file = io.join(path, "params.yaml")
+        file = RunDir(path).params
         if not io.exists(file):
             raise FileNotFoundError(
                 f"{file} not found: is {path} a training run directory (train.save_dir)?"
@@ -338,7 +333,7 @@ def aggregate_results(root: str, include: Sequence[str] = ()) -> pd.DataFrame:
     params: list[dict[str, Any]] = []
     majors: list[str] = []
     for run in runs:
-        valid_log = read_log(run, "valid.log.tsv", required=False)
+        valid_log = read_log(run, "valid", required=False)
         result = read_result(run) or {}
         row: dict[str, Any] = {"run": _rel(root, run)}
         best = best_valid_row(run, valid_log)
@@ -457,7 +452,7 @@ def clean_checkpoints(root: str, dry: bool = False) -> list[str]:
         remove = _debris(run, names)
         checkpoints = {int(m.group(1)): n for n in names if (m := _CHECKPOINT.match(n))}
         if checkpoints:
-            valid_log = read_log(run, "valid.log.tsv", required=False)
+            valid_log = read_log(run, "valid", required=False)
             metric = major_metric_of(run, valid_log) if valid_log is not None else None
             best = best_valid_row(run, valid_log, trust_result=False) if metric else None
             if best is None:
@@ -470,14 +465,14 @@ def clean_checkpoints(root: str, dry: bool = False) -> list[str]:
                 keep = {max(checkpoints), int(best["update"])}
                 if int(best["update"]) not in checkpoints:
                     log.warning(
-                        "%s: the best update %d (by %s) has no checkpoint-%d/; keeping the last only",
+                        "%s: the best update %d (by %s) has no %s/; keeping the last only",
                         run,
                         int(best["update"]),
                         metric,
-                        int(best["update"]),
+                        RunDir(run).checkpoint(int(best["update"])),
                     )
                 remove += [n for u, n in checkpoints.items() if u not in keep]
-        assert not {"best", "last"} & set(remove)
+        assert not {BEST, LAST} & set(remove)
         doomed += [io.join(run, n) for n in remove]
     doomed.sort()
     if not dry:

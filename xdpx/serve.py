@@ -16,6 +16,7 @@ from xdpx import io
 from xdpx.checkpoint import load_checkpoint
 from xdpx.data import DataError, Encoder
 from xdpx.inference import as_samples, format_probs, predict_probs
+from xdpx.rundir import RunDir
 
 __all__ = ["Predictor", "serve_lines"]
 
@@ -32,10 +33,9 @@ class Predictor:
     """
 
     def __init__(self, checkpoint: str) -> None:
-        if not io.exists(io.join(checkpoint, "model.safetensors")) and io.exists(
-            io.join(checkpoint, "best")
-        ):
-            checkpoint = io.join(checkpoint, "<best>")
+        run = RunDir(checkpoint)
+        if not io.exists(io.join(checkpoint, "model.safetensors")) and io.exists(run.best):
+            checkpoint = run.best_alias
         self.ckpt = load_checkpoint(checkpoint)
         self.encoder = Encoder.from_dir(self.ckpt.path)
         self.pair = self.encoder.pair

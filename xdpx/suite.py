@@ -20,7 +20,6 @@ the standard deviation of the per-text difference of correctness / sqrt(n)).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import statistics
@@ -33,7 +32,9 @@ from xdpx import io
 from xdpx.baselines import read_tsv, run_baseline
 from xdpx.config import EvaluateConfig, Params
 from xdpx.data.corpora import CORPORA, Corpus, materialize
+from xdpx.data.meta import PreparedMeta
 from xdpx.models import PAIR_INPUTS, input_names
+from xdpx.rundir import RunDir
 
 __all__ = ["run_corpus_seed", "summarize", "run_suite", "format_table", "DEFAULT_PAIR_MODEL"]
 
@@ -101,7 +102,7 @@ def run_corpus_seed(
             }
         )
     )
-    checkpoint = io.join(model_dir, "<best>")
+    checkpoint = RunDir(model_dir).best_alias
     ours = evaluate.run(
         EvaluateConfig(
             checkpoint=checkpoint,
@@ -121,7 +122,7 @@ def run_corpus_seed(
             concat_origin=True,
         )
     )
-    meta = json.loads(io.read_text(io.join(prepared, "meta.json")))
+    meta = PreparedMeta.read(prepared)
     columns = corpus.columns
     base = run_baseline(
         raw,
@@ -147,7 +148,7 @@ def run_corpus_seed(
             "test": ours["test"]["accuracy"],
             "seconds": round(seconds, 1),
             "model": model,
-            "tokenizer": meta["tokenizer"],
+            "tokenizer": meta.tokenizer,
             "vocab_size": prepared_result.vocab_size,
         },
         "baseline": {

@@ -64,6 +64,7 @@ from xdpx.config import (
     load_stage_configs,
     read_yaml_mapping,
 )
+from xdpx.data.meta import PreparedMeta
 from xdpx.metrics import METRIC_DIRECTIONS
 
 log = logging.getLogger("xdpx.tune")
@@ -519,10 +520,9 @@ def _prepare(prepro: PreproConfig) -> str:
     """Run prepro into ``prepro.data_dir`` unless it already holds the output of this same config."""
     from stages import prepro as prepro_stage
 
-    meta_path = io.join(prepro.data_dir, "meta.json")
-    if io.exists(meta_path):
-        meta = json.loads(io.read_text(meta_path))
-        if meta.get("prepro") == prepro.model_dump(mode="json"):
+    if io.exists(PreparedMeta.path_in(prepro.data_dir)):
+        meta = PreparedMeta.read(prepro.data_dir)
+        if meta.prepro == prepro.model_dump(mode="json"):
             log.info("tune: reusing prepared data in %s (same prepro config)", prepro.data_dir)
             return prepro.data_dir
     prepro_stage.run(prepro)
@@ -555,13 +555,13 @@ def run(cfg: TuneConfig) -> TuneResult:
     pruner_cfg = cfg.pruner
     min_res, max_res = pruner_cfg.min_resource, pruner_cfg.max_resource
     if shared is not None:
-        meta = json.loads(io.read_text(io.join(shared, "meta.json")))
-        if base_train.valid_subset not in meta.get("splits", {}):
+        meta = PreparedMeta.read(shared)
+        if base_train.valid_subset not in meta.splits:
             raise ConfigError(
                 f"xdpx tune: no {base_train.valid_subset!r} split in {shared} "
                 "(trials are scored on it); set prepro.data_files"
             )
-        n_train = meta["splits"][base_train.train_subset]["rows"]
+        n_train = meta.split(base_train.train_subset).rows
         first, budget = default_resources(base_train, n_train)
         min_res, max_res = min_res or first, max_res or budget
     elif min_res is None:

@@ -7,14 +7,12 @@ copies): ``meta.json``, ``vocab.txt``, ``target_map.txt``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
 from xdpx import io
-from xdpx.data.meta import META_FILE
+from xdpx.data.meta import META_FILE, PreparedMeta
 from xdpx.data.readers import DataError
 from xdpx.data.tokenizers import (
     CharTokenizer,
@@ -57,7 +55,8 @@ class Encoder:
         max_len: maximum ids per sequence.
         vocab: token vocabulary (required for char/word/whitespace, ignored for hf).
         pair: the task has a second text.
-        meta: the ``meta.json`` content this encoder was built from (informational).
+        meta: the ``meta.json`` this encoder was built from (informational; None when
+            prepro builds it).
         transliterate: applied to every text before tokenizing
             (:mod:`xdpx.data.transliterate`: ``"pinyin"``), or None.
 
@@ -73,7 +72,7 @@ class Encoder:
         max_len: int,
         vocab: Vocab | None = None,
         pair: bool = False,
-        meta: dict[str, Any] | None = None,
+        meta: PreparedMeta | None = None,
         transliterate: str | None = None,
     ) -> None:
         if max_len < 1:
@@ -86,7 +85,7 @@ class Encoder:
         self.target_map = target_map
         self.max_len = max_len
         self.pair = pair
-        self.meta = meta or {}
+        self.meta = meta
         self.transliterate = transliterate
         self._transliterate = make_transliterator(transliterate)
 
@@ -259,49 +258,46 @@ class Encoder:
         Args:
             path: the prepared data dir, or a checkpoint dir holding copies of the three
                 files (local or fsspec URL). For ``hf`` the tokenizer is loaded from
-                ``meta["prepro"]["tokenizer_path"]``.
+                ``meta.prepro["tokenizer_path"]``.
 
         Raises:
             DataError: a file is missing or inconsistent with ``meta.json``.
             ValueError: the hf tokenizer cannot be loaded.
         """
-        meta_path = io.join(path, META_FILE)
-        if not io.isfile(meta_path):
-            raise DataError(f"{meta_path}: not found (is {path!r} a prepared data/checkpoint dir?)")
         try:
-            meta = json.loads(io.read_text(meta_path))
-        except json.JSONDecodeError as e:
-            raise DataError(f"{meta_path}: not valid JSON ({e})") from None
-        for key in ("tokenizer", "lower", "max_len", "vocab_size", "num_labels"):
-            if key not in meta:
-                raise DataError(f"{meta_path}: missing key {key!r}")
+            meta = PreparedMeta.read(path)
+        except FileNotFoundError:
+            raise DataError(
+                f"{PreparedMeta.path_in(path)}: not found "
+                f"(is {path!r} a prepared data/checkpoint dir?)"
+            ) from None
         target_map = TargetMap.load(io.join(path, TARGET_MAP_FILE))
-        if len(target_map) != meta["num_labels"]:
+        if len(target_map) != meta.num_labels:
             raise DataError(
                 f"{io.join(path, TARGET_MAP_FILE)}: {len(target_map)} labels, "
-                f"meta.json says num_labels={meta['num_labels']}"
+                f"{META_FILE} says num_labels={meta.num_labels}"
             )
-        pair = bool((meta.get("prepro") or {}).get("text2_column"))
-        transliterate = (meta.get("prepro") or {}).get("transliterate")
+        pair = bool(meta.prepro.get("text2_column"))
+        transliterate = meta.prepro.get("transliterate")
         vocab = None
-        if meta["tokenizer"] == "hf":
-            tok_path = (meta.get("prepro") or {}).get("tokenizer_path")
-            tokenizer = make_tokenizer("hf", meta["lower"], tok_path)
+        if meta.tokenizer == "hf":
+            tokenizer = make_tokenizer("hf", meta.lower, meta.prepro.get("tokenizer_path"))
         else:
             vocab = Vocab.load(io.join(path, VOCAB_FILE))
-            tokenizer = make_tokenizer(meta["tokenizer"], meta["lower"])
+            tokenizer = make_tokenizer(meta.tokenizer, meta.lower)
         enc = cls(
             tokenizer,
             target_map,
-            int(meta["max_len"]),
+            meta.max_len,
             vocab,
             pair=pair,
             meta=meta,
             transliterate=transliterate,
         )
-        if enc.vocab_size != meta["vocab_size"]:
+        if enc.vocab_size != meta.vocab_size:
             raise DataError(
-                f"{path}: vocab has {enc.vocab_size} ids, meta.json says vocab_size={meta['vocab_size']}"
+                f"{path}: vocab has {enc.vocab_size} ids, {META_FILE} says "
+                f"vocab_size={meta.vocab_size}"
             )
         return enc
 

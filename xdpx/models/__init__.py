@@ -15,12 +15,11 @@ A model with a token embedding layer exposes it as ``get_input_embeddings()``
 from __future__ import annotations
 
 import inspect
-import json
 from typing import Any
 
 from torch import nn
 
-from xdpx import io
+from xdpx.data.meta import PreparedMeta
 from xdpx.models.bilstm import BiLSTM
 from xdpx.models.hf import HFClassifier
 from xdpx.models.ngram import MatchNgram, NgramLR
@@ -67,19 +66,22 @@ def model_config_from(
     vocab_size: int,
     num_labels: int,
     pad_id: int,
-    meta: dict[str, Any] | None = None,
+    meta: PreparedMeta | None = None,
 ) -> dict:
     """The constructor arguments of model ``name`` taken from a TrainConfig (saved as config.json).
 
     ``meta`` (prepro's meta.json) supplies data facts a model may take: ``sep_id`` (the
-    tokenizer's separator) and ``pair`` (jointly encoded text pairs). A model class with a
-    ``resolve_config(cfg, meta)`` classmethod fills its data-dependent defaults there
-    (``ngram_lr``: n-gram orders by tokenizer), so config.json holds concrete values.
+    tokenizer's separator) and ``pair`` (jointly encoded text pairs); without it there are
+    none (no separator, single texts). A model class with a ``resolve_config(cfg, meta)``
+    classmethod fills its data-dependent defaults there (``ngram_lr``: n-gram orders by
+    tokenizer), so config.json holds concrete values.
     """
     params = inspect.signature(MODELS[name].__init__).parameters
     cfg: dict[str, Any] = {"vocab_size": vocab_size, "num_labels": num_labels, "pad_id": pad_id}
-    meta = meta or {}
-    from_meta = {"sep_id": meta.get("sep_id"), "pair": meta.get("pair_encoding") == "joint"}
+    from_meta = {
+        "sep_id": meta.sep_id if meta is not None else None,
+        "pair": meta is not None and meta.pair_encoding == "joint",
+    }
     cfg.update({k: v for k, v in from_meta.items() if k in params})
     for key in params:
         if key not in cfg and key != "self" and hasattr(train_cfg, key):
@@ -153,9 +155,10 @@ def check_model_fits_data(model: str, data_dir: str, where: str) -> None:
         ValueError: the model's inputs (:func:`xdpx.models.input_names`) do not match
             the data's encoding; the message names the model, the data dir and the fix.
     """
-    meta_path = io.join(data_dir, "meta.json")
-    meta = json.loads(io.read_text(meta_path))
-    encoding = meta.get("pair_encoding", "separate" if meta.get("pair") else None)
+    meta = PreparedMeta.read(data_dir)
+    meta_path = PreparedMeta.path_in(data_dir)
+    # files from before pair_encoding existed only had pair (always separate then)
+    encoding = meta.pair_encoding or ("separate" if meta.pair else None)
     pair_model = "input_ids2" in input_names(model)  # a second, separately encoded text
     if pair_model and encoding != "separate":
         what = (
@@ -168,7 +171,7 @@ def check_model_fits_data(model: str, data_dir: str, where: str) -> None:
             f"holds {what}; run prepro with prepro.text2_column=<column> and a char/word/whitespace "
             "tokenizer, or pick a single-text model (textcnn, bilstm, ngram_lr)"
         )
-    tokenizer = meta.get("tokenizer")
+    tokenizer = meta.tokenizer
     if model == "hf_classifier" and tokenizer != "hf":
         raise ValueError(
             f"{where}=hf_classifier needs data prepared with the model's own tokenizer "

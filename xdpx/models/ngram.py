@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from xdpx.data.meta import PreparedMeta
 from xdpx.inference import pad_batch
 
 # Multipliers for position k of an n-gram window (distinct primes below _MODULUS):
@@ -184,8 +185,8 @@ class NgramLR(nn.Module):
         nn.init.zeros_(self.weight.weight)
 
     @classmethod
-    def resolve_config(cls, cfg: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
-        """Fill the ``None`` (auto) orders from prepro's tokenizer (``meta["tokenizer"]``).
+    def resolve_config(cls, cfg: dict[str, Any], meta: PreparedMeta | None) -> dict[str, Any]:
+        """Fill the ``None`` (auto) orders from prepro's tokenizer (``meta.tokenizer``).
 
         Character tokens (``char``; ``hf`` pieces alike): token 1..4-grams and no sub-word
         n-grams, the demo's settings. Word tokens (``word``, ``whitespace``): word 1..2-grams
@@ -193,12 +194,12 @@ class NgramLR(nn.Module):
 
         Args:
             cfg: constructor arguments (``ngram_orders``/``char_ngram_orders`` may be None).
-            meta: prepro's ``meta.json``.
+            meta: prepro's ``meta.json`` (None: unknown tokenizer, character defaults).
 
         Returns:
             A copy of ``cfg`` with lists in place of None.
         """
-        words = meta.get("tokenizer") in ("word", "whitespace")
+        words = meta is not None and meta.tokenizer in ("word", "whitespace")
         out = dict(cfg)
         if out.get("ngram_orders") is None:
             out["ngram_orders"] = [1, 2] if words else [1, 2, 3, 4]
