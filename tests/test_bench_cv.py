@@ -20,6 +20,7 @@ def _split(diff: float, base: float = 0.85) -> dict:
     return {"xdpx": {"test": base + diff}, "baseline": {"test": base}, "difference": diff}
 
 
+@pytest.mark.unit
 def test_summarize_gives_the_mean_difference_its_standard_error_and_t_interval():
     s = baseline_cv.summarize([_split(0.01), _split(-0.002), _split(0.004), _split(0.0)])
     assert s["k"] == 4 and s["wins"] == 2 and s["ties"] == 1
@@ -70,6 +71,7 @@ def test_two_seeds_give_two_splits_scored_by_both_models_inside_the_work_dir(
     assert "seed 3: xdpx dev" in printed and "2 splits: test accuracy xdpx" in printed
 
 
+@pytest.mark.unit
 def test_an_argument_that_is_not_an_override_is_refused(capsys):
     with pytest.raises(SystemExit) as e:
         baseline_cv.main(["train.max_epoch", "--seeds", "1"])

@@ -73,6 +73,7 @@ def in_project(project, monkeypatch):
     return root
 
 
+@pytest.mark.unit
 def test_every_subcommand_has_help_with_examples():
     commands = ["fetch", "prepro", "train", "eval", "pred", "export", "viz", "serve", "doctor"]
     commands += [f"io {c}" for c in ("copy", "copytree", "md5", "ls")]
@@ -86,6 +87,7 @@ def test_every_subcommand_has_help_with_examples():
         assert name in top
 
 
+@pytest.mark.integration
 def test_stage_commands_ran_the_pipeline(in_project, project):
     _, outputs = project
     assert "best valid accuracy" in outputs["train"] and "parity" in outputs["export"]
@@ -124,6 +126,7 @@ def test_stage_commands_ran_the_pipeline(in_project, project):
         (["train", "missing.yaml"], ["config file missing.yaml not found"]),
     ],
 )
+@pytest.mark.integration
 def test_bad_input_one_line_error_and_nothing_written(in_project, args, expected):
     before = snapshot(in_project)
     result = xdpx(*args)
@@ -135,6 +138,7 @@ def test_bad_input_one_line_error_and_nothing_written(in_project, args, expected
     assert snapshot(in_project) == before
 
 
+@pytest.mark.integration
 def test_dry_marks_exactly_the_non_default_keys(in_project):
     (in_project / "two.yaml").write_text("learning_rate: 0.003\nmodel: textcnn\n")
     before = snapshot(in_project)
@@ -148,6 +152,7 @@ def test_dry_marks_exactly_the_non_default_keys(in_project):
     assert snapshot(in_project) == before
 
 
+@pytest.mark.integration
 def test_config_file_extends_references_and_grid(in_project):
     (in_project / "base.yaml").write_text(
         "train:\n  data_dir: data/prepared\n  save_dir: models/grid\n  ngram_buckets: 4096\n"
@@ -169,6 +174,7 @@ def test_config_file_extends_references_and_grid(in_project):
         assert params["train"]["learning_rate"] == float(run.split("-")[1])
 
 
+@pytest.mark.integration
 def test_auto_suffix_picks_a_fresh_run_dir(in_project):
     result = xdpx("train", "auto_suffix=true", "max_update=2", "eval_interval=2")
     assert result.exit_code == 0, result.output
@@ -176,6 +182,7 @@ def test_auto_suffix_picks_a_fresh_run_dir(in_project):
     assert (in_project / "models/run/best/model.safetensors").exists()
 
 
+@pytest.mark.integration
 def test_serve_answers_like_predict(in_project):
     preds = pd.read_csv(
         in_project / "reports/predictions.tsv", sep="\t", quoting=csv.QUOTE_NONE,
@@ -193,6 +200,7 @@ def test_serve_answers_like_predict(in_project):
     assert result.stdout.strip().split("\t") == expected[0]
 
 
+@pytest.mark.integration
 def test_io_commands_local_and_memory(in_project):
     src = in_project / "data/raw/train.tsv"
     digest = hashlib.md5(src.read_bytes()).hexdigest()
@@ -220,6 +228,7 @@ def test_io_commands_local_and_memory(in_project):
     assert missing.exit_code == 2 and "nope.tsv not found" in missing.stderr
 
 
+@pytest.mark.integration
 def test_doctor_reports_labels_leakage_and_truncation(in_project):
     result = xdpx("doctor")
     assert result.exit_code == 0, result.output
@@ -229,6 +238,7 @@ def test_doctor_reports_labels_leakage_and_truncation(in_project):
     assert bad.exit_code == 1 and "FAIL  config" in bad.stdout
 
 
+@pytest.mark.e2e
 def test_aliases_are_the_same_commands(in_project, monkeypatch):
     from xdpx import cli
 
@@ -245,6 +255,7 @@ def test_aliases_are_the_same_commands(in_project, monkeypatch):
         assert f'{alias} = "xdpx.cli:x_{alias[2:]}"' in text
 
 
+@pytest.mark.integration
 def test_viz_and_scripts_through_the_cli(in_project):
     result = xdpx("viz", "models/run", "-o", "reports/curves.png")
     assert result.exit_code == 0, result.output

@@ -9,6 +9,8 @@ import pytest
 from xdpx.config import ConfigError, Params, TrainConfig, load_params, non_defaults, stage_argv
 from xdpx.models import MODELS
 
+pytestmark = pytest.mark.unit
+
 
 def write(tmp_path, text: str) -> str:
     path = tmp_path / "params.yaml"

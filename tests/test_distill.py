@@ -51,6 +51,7 @@ def teacher(real_subset, tmp_path_factory):
     return raw, prepared, out, result, ckpt
 
 
+@pytest.mark.unit
 def test_kl_term_on_a_hand_computed_example():
     s = torch.tensor([[1.0, 3.0], [0.5, -0.5]], requires_grad=True)  # student logits
     t = torch.tensor([[2.0, 0.0], [0.0, 0.0]])  # teacher logits
@@ -80,6 +81,7 @@ def test_kl_term_on_a_hand_computed_example():
     torch.testing.assert_close(s.grad, T * (q - p))
 
 
+@pytest.mark.integration
 def test_teacher_file_format(teacher):
     raw, prepared, out, result, _ = teacher
     df = pd.read_csv(out, sep="\t", quoting=csv.QUOTE_NONE, keep_default_na=False)
@@ -104,6 +106,7 @@ def test_teacher_file_format(teacher):
     assert (df["pred_label"] == gold).mean() > max(np.mean(gold == x) for x in labels) + 0.05
 
 
+@pytest.mark.unit
 def test_texts_with_tabs_quotes_and_newlines_round_trip(tmp_path):
     """No quoting (the tsv convention): '"' stays, a tab or line break becomes a space."""
     texts = [['"他说"好', "a\tb", "line\r\nbreak"], ["x", "y", "z"]]
@@ -117,6 +120,7 @@ def test_texts_with_tabs_quotes_and_newlines_round_trip(tmp_path):
     np.testing.assert_array_equal(got.logits, logits[:, ::-1])
 
 
+@pytest.mark.integration
 def test_student_trains_end_to_end_with_distill_from(teacher, tmp_path):
     raw, prepared, out, _, ckpt = teacher
     cfg = TrainConfig(
@@ -144,6 +148,7 @@ def test_student_trains_end_to_end_with_distill_from(teacher, tmp_path):
     assert result.best_score > np.bincount(dev).max() / len(dev) + 0.05
 
 
+@pytest.mark.integration
 def test_alpha_zero_is_exactly_plain_training(teacher, tmp_path):
     _, prepared, out, _, _ = teacher
     logits = load_teacher_logits(out, prepared, "train", load_split(prepared, "train"))
@@ -162,6 +167,7 @@ def test_alpha_zero_is_exactly_plain_training(teacher, tmp_path):
     assert max((pp[k] - ph[k]).abs().max().item() for k in pp) > 1e-5  # alpha matters
 
 
+@pytest.mark.integration
 def test_probabilities_only_file_gives_log_p(teacher, tmp_path):
     """An ordinary predictions.tsv (6-decimal prob_* columns, no id) is usable: logits = log p."""
     raw, prepared, out, _, ckpt = teacher
@@ -180,6 +186,7 @@ def test_probabilities_only_file_gives_log_p(teacher, tmp_path):
     )
 
 
+@pytest.mark.integration
 def test_misaligned_teacher_files_fail_naming_file_and_line(teacher, tmp_path):
     raw, prepared, out, _, ckpt = teacher
     data = load_split(prepared, "train")
@@ -230,6 +237,7 @@ def test_misaligned_teacher_files_fail_naming_file_and_line(teacher, tmp_path):
         load_teacher_logits(str(bad), prepared, "train", data)
 
 
+@pytest.mark.integration
 def test_config_rules(real_subset, tmp_path):
     with pytest.raises(ConfigError, match="distill=true needs header=true"):
         load_params(str(tmp_path / "none.yaml"), ["predict.distill=true", "predict.header=false"])

@@ -14,7 +14,7 @@ import torch
 from stages import export as export_stage
 from xdpx.checkpoint import load_checkpoint, save_checkpoint
 from xdpx.config import ExportConfig
-from xdpx.data import PreparedMeta
+from xdpx.data import PreparedMeta, write_split
 from xdpx.export import (
     ExportParityError,
     build_example,
@@ -24,6 +24,8 @@ from xdpx.export import (
 )
 from xdpx.inference import pad_batch
 from xdpx.models import MODELS, build_model, input_names
+
+pytestmark = pytest.mark.unit
 
 VOCAB_SIZE = 30
 LABELS = ["neg", "pos", "neutral"]
@@ -44,24 +46,7 @@ def _sequences(n: int, seed: int = 0) -> list[np.ndarray]:
 
 
 def _write_split(data_dir: Path, split: str, seqs: list[np.ndarray], labels: list[int]) -> None:
-    try:
-        from xdpx.data import write_split
-    except ImportError:  # data layer not there yet: write the documented shard layout directly
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        table = pa.table(
-            {
-                "id": pa.array(np.arange(len(seqs)), type=pa.int64()),
-                "input_ids": pa.array([s.tolist() for s in seqs], type=pa.list_(pa.int32())),
-                "length": pa.array([len(s) for s in seqs], type=pa.int32()),
-                "label": pa.array(labels, type=pa.int32()),
-            }
-        )
-        (data_dir / split).mkdir(parents=True, exist_ok=True)
-        pq.write_table(table, data_dir / split / "part-00000.parquet")
-    else:
-        write_split(str(data_dir), split, np.arange(len(seqs)), seqs, labels)
+    write_split(str(data_dir), split, np.arange(len(seqs)), seqs, labels)
 
 
 @pytest.fixture(scope="module")

@@ -50,6 +50,7 @@ def _tiny(**kw) -> HFClassifier:
     return HFClassifier(vocab_size=30522, num_labels=2, hf_config=dict(TINY), **kw).eval()
 
 
+@pytest.mark.unit
 def test_pair_token_types_match_the_tokenizer():
     from transformers import AutoTokenizer
 
@@ -64,6 +65,7 @@ def test_pair_token_types_match_the_tokenizer():
     assert got.sum() > 0  # the second texts really are segment 1
 
 
+@pytest.mark.unit
 def test_logits_ignore_padding_and_config_rebuilds_the_model():
     model = _tiny(sep_id=102, pair=True)
     ids = torch.tensor([[101, 2204, 102, 2919, 102], [101, 2204, 2919, 102, 0]])
@@ -77,11 +79,13 @@ def test_logits_ignore_padding_and_config_rebuilds_the_model():
     assert cfg["pretrained_model"] is None and cfg["hf_config"]["hidden_size"] == 32
 
 
+@pytest.mark.unit
 def test_vocab_larger_than_the_model_is_refused():
     with pytest.raises(ValueError, match="prepro must use this model's own tokenizer"):
         HFClassifier(vocab_size=40000, num_labels=2, hf_config={**TINY, "vocab_size": 30522})
 
 
+@pytest.mark.unit
 def test_param_groups_decay_exclusions_head_lr_and_layer_decay():
     model = _tiny(freeze_embeddings=True)
     cfg = TrainConfig(
@@ -110,6 +114,7 @@ def test_param_groups_decay_exclusions_head_lr_and_layer_decay():
     assert by_name[id(ln)][1] == 0.0 and by_name[id(bias)][1] == 0.0
 
 
+@pytest.mark.unit
 def test_default_param_groups_are_one_group_in_parameter_order():
     from xdpx.models import TextCNN
 
@@ -120,6 +125,7 @@ def test_default_param_groups_are_one_group_in_parameter_order():
     assert warmup_updates(TrainConfig(warmup_ratio=0.1), 95) == 10
 
 
+@pytest.mark.unit
 def test_config_rules_for_hf_keys():
     with pytest.raises(ConfigError, match="needs train.pretrained_model"):
         load_params(None, ["train.model=hf_classifier"])
@@ -129,6 +135,7 @@ def test_config_rules_for_hf_keys():
         load_params(None, ["train.warmup_steps=10", "train.warmup_ratio=0.1"])
 
 
+@pytest.mark.integration
 def test_preflight_names_the_key_and_writes_nothing(real_subset, hf_data, tmp_path):
     _, char_data = real_subset
     _, hf_dir = hf_data
@@ -142,6 +149,7 @@ def test_preflight_names_the_key_and_writes_nothing(real_subset, hf_data, tmp_pa
     assert not save.exists()
 
 
+@pytest.mark.unit
 def test_remote_pretrained_dir_is_copied_to_the_cache_once(tmp_path, monkeypatch):
     from xdpx import io
     from xdpx.pretrained import resolve_pretrained

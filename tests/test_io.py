@@ -12,6 +12,8 @@ import pytest
 from xdpx import io
 from xdpx.errors import RemoteIOError
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize("base", ["local", "memory://xdpx-test-io"])
 def test_round_trip_and_listing(tmp_path, base):

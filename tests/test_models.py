@@ -7,6 +7,8 @@ import torch
 
 from xdpx.models import MODELS, build_model, input_names
 
+pytestmark = pytest.mark.unit
+
 #: Single-text models (pair models: tests/test_pairs.py).
 SINGLE = sorted(n for n in MODELS if input_names(n) == ("input_ids",))
 

@@ -46,7 +46,7 @@ def _ngrams(tokens: list[str], orders: list[int]) -> list[str]:
 
 
 @pytest.mark.parametrize(("orders", "min_df"), [([1], 1), ([1, 2], 1), ([1, 2], 2)])
-@pytest.mark.unit
+@pytest.mark.integration
 def test_tfidf_rows_equal_sklearn(tmp_path, orders: list[int], min_df: int) -> None:
     """On real reviews (characters as tokens), every text's feature values are the row of
     ``TfidfVectorizer(sublinear_tf=True, min_df)`` over the same n-grams (2^24 buckets: no
@@ -69,7 +69,7 @@ def test_tfidf_rows_equal_sklearn(tmp_path, orders: list[int], min_df: int) -> N
         assert len(set(rows[text == i].tolist())) == row.nnz  # distinct rows, one per n-gram
 
 
-@pytest.mark.unit
+@pytest.mark.integration
 def test_hash_collisions_are_as_rare_as_random(tmp_path) -> None:
     """Real 3- and 4-grams of reviews collide about as often as uniform random buckets
     would (n^2 / 2B expected pairs); the hash of the first version, a linear form reduced

@@ -46,6 +46,7 @@ def probe(*args: str, fix_env: str | None = None, prefix: list[str] | None = Non
     return proc.stdout.strip()
 
 
+@pytest.mark.e2e
 def test_upload_body_cannot_be_built_without_the_fix():
     out = probe("install", fix_env="0")
     assert out.startswith("BROKEN") and "abstract method decode" in out, (
@@ -54,11 +55,13 @@ def test_upload_body_cannot_be_built_without_the_fix():
     )
 
 
+@pytest.mark.e2e
 def test_install_patches_on_import_and_apply_is_idempotent():
     # needed() is False after the patch, and a second apply() has nothing left to do
     assert probe("install") == "OK AsyncPayload False False"
 
 
+@pytest.mark.e2e
 def test_plain_interpreter_of_the_installed_wheel_is_patched(xdpx_site):
     """The .pth from the real wheel, processed by site, fixes a process that never imports xdpx."""
     launch = "import site, sys; site.addsitedir(sys.argv.pop(1)); exec(sys.argv.pop(1))"
@@ -67,6 +70,7 @@ def test_plain_interpreter_of_the_installed_wheel_is_patched(xdpx_site):
     assert probe("plain", prefix=prefix, fix_env="0").startswith("BROKEN")
 
 
+@pytest.mark.unit
 def test_apply_patches_only_while_decode_is_abstract():
     from aiohttp.payload import Payload
 
@@ -92,6 +96,7 @@ def test_apply_patches_only_while_decode_is_abstract():
         Broken(b"x").decode()
 
 
+@pytest.mark.unit
 def test_disable_env_turns_apply_into_a_no_op(monkeypatch):
     from aiohttp.payload import Payload
 
@@ -106,6 +111,7 @@ def test_disable_env_turns_apply_into_a_no_op(monkeypatch):
 
 
 @pytest.mark.parametrize("kind", ["wheel", "editable"])
+@pytest.mark.e2e
 def test_both_wheels_install_the_pth_hook(xdpx_wheels, kind):
     with zipfile.ZipFile(xdpx_wheels[kind]) as whl:
         names = whl.namelist()
@@ -127,6 +133,7 @@ class ListWriter:
         self.chunks.append(chunk)
 
 
+@pytest.mark.unit
 def test_patched_payload_streams_once_and_says_so():
     import asyncio
 
@@ -146,6 +153,7 @@ def test_patched_payload_streams_once_and_says_so():
 
 
 @pytest.mark.parametrize("fixed", [True, False], ids=["patched", "decode-fix-only"])
+@pytest.mark.integration
 def test_dropped_keepalive_upload_is_never_stored_empty(store_bucket, tmp_path, monkeypatch, fixed):
     """A connection reset after the server read a PUT, on a reused keep-alive connection."""
     import ossfs
@@ -173,6 +181,7 @@ def test_dropped_keepalive_upload_is_never_stored_empty(store_bucket, tmp_path, 
     assert store.stats.injected["reset"] == 1
 
 
+@pytest.mark.unit
 def test_ossfs_retry_classifies_transient_errors():
     import aiohttp
     import oss2
@@ -226,6 +235,7 @@ def _throttle_get_object(monkeypatch, fail: int, status: int = 429, code: str = 
     return calls
 
 
+@pytest.mark.integration
 def test_ossfs_retry_rides_out_throttling_and_gives_up_with_the_original_error(
     store_bucket, monkeypatch, caplog
 ):
@@ -267,6 +277,7 @@ def test_ossfs_retry_rides_out_throttling_and_gives_up_with_the_original_error(
     assert err.value.__cause__.status == 403
 
 
+@pytest.mark.integration
 def test_ossfs_retry_rides_out_faults_and_gives_up_on_outage(store_bucket, monkeypatch):
     import ossfs
 
@@ -291,6 +302,7 @@ def test_ossfs_retry_rides_out_faults_and_gives_up_on_outage(store_bucket, monke
         fs.cat(f"{root}/d/0.bin")
 
 
+@pytest.mark.e2e
 def test_pth_line_leaves_xdpx_to_be_imported_from_sys_path(tmp_path):
     """After the .pth line, a checkout earlier on sys.path still provides ``xdpx``."""
     fake = tmp_path / "checkout" / "xdpx"

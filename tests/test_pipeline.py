@@ -13,6 +13,8 @@ from stages import evaluate, export, predict, train
 from xdpx.checkpoint import CheckpointError
 from xdpx.config import EvaluateConfig, ExportConfig, PredictConfig, TrainConfig
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def trained(real_subset, tmp_path_factory):

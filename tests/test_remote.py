@@ -43,8 +43,6 @@ TRAIN = {"ngram_buckets": 65536, "max_epoch": 2, "save_full_checkpoint": True, "
 def files_under(root: str | Path) -> dict[str, str]:
     """Relative path -> sha256 of every file under a local directory (a snapshot)."""
     root = Path(root)
-    if not root.exists():
-        return {}
     return {
         str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(root.rglob("*"))
@@ -122,10 +120,12 @@ def _wrapped(cause: BaseException, outer: BaseException) -> BaseException:
         (lambda: ValueError("bad"), False),
     ],
 )
+@pytest.mark.unit
 def test_transient_errors_are_told_from_permanent_ones(make, transient):
     assert io.is_transient(make()) is transient
 
 
+@pytest.mark.unit
 def test_retry_recovers_then_gives_up_naming_stage_operation_and_url():
     policy = io.RetryPolicy(retries=3, backoff=0.001, backoff_max=0.002, deadline=30)
     calls = []
@@ -169,6 +169,7 @@ def test_retry_recovers_then_gives_up_naming_stage_operation_and_url():
     assert SECRET not in str(err.value) and "***" in str(err.value)
 
 
+@pytest.mark.unit
 def test_retry_policy_from_env_and_backoff_bounds(monkeypatch):
     monkeypatch.setenv("XDPX_IO_RETRIES", "2")
     monkeypatch.setenv("XDPX_IO_BACKOFF", "0.25")
@@ -185,6 +186,7 @@ def test_retry_policy_from_env_and_backoff_bounds(monkeypatch):
 
 
 # ---------------------------------------------------------------- credentials
+@pytest.mark.unit
 def test_oss_credentials_from_env_or_ossutil_profile(tmp_path, monkeypatch):
     for name in ("OSS_ACCESS_KEY_ID", "OSS_ACCESS_KEY_SECRET", "OSS_ENDPOINT", "OSS_REGION"):
         monkeypatch.delenv(name, raising=False)
@@ -220,6 +222,7 @@ def test_oss_credentials_from_env_or_ossutil_profile(tmp_path, monkeypatch):
     assert SECRET not in repr(io._settings("oss"))
 
 
+@pytest.mark.unit
 def test_url_with_credentials_is_refused_without_echoing_them():
     with pytest.raises(ValueError, match="credentials in a URL are refused") as err:
         io.exists(f"s3://AKID:{SECRET}@bucket/key")
@@ -238,6 +241,7 @@ def remote(store_bucket, monkeypatch, tmp_path_factory):
 
 
 @pytest.mark.parametrize("protocol", ["oss", "s3"])
+@pytest.mark.integration
 def test_remote_file_ops_and_atomic_writes(remote, protocol):
     base = f"{protocol}://{remote.name}/io"
     io.write_text(f"{base}/a/b.txt", "你好\n")
@@ -266,6 +270,7 @@ def test_remote_file_ops_and_atomic_writes(remote, protocol):
 
 
 @pytest.mark.parametrize("protocol", ["oss", "s3"])
+@pytest.mark.integration
 def test_faults_are_retried_and_an_outage_is_reported(remote, monkeypatch, protocol):
     store, base = remote.store, f"{protocol}://{remote.name}/faults"
     monkeypatch.setenv("XDPX_IO_RETRIES", "12")
@@ -286,6 +291,7 @@ def test_faults_are_retried_and_an_outage_is_reported(remote, monkeypatch, proto
     assert str(err.value).startswith(f"evaluate: read {base}/1.txt failed after 3 attempts")
 
 
+@pytest.mark.integration
 def test_interrupted_checkpoint_upload_is_never_taken_for_a_checkpoint(remote, monkeypatch):
     """The manifest is removed first and uploaded last: a failed upload leaves no loadable checkpoint."""
     import torch
@@ -402,6 +408,7 @@ def assert_same_as_local(base: str, remote: dict, root: Path, local: dict) -> No
     assert onnx == (root / "export/model.onnx").read_bytes()
 
 
+@pytest.mark.integration
 def test_oss_chain_matches_local_and_writes_no_secret(
     remote, real_subset, local_chain, tmp_path, caplog, capfd
 ):
@@ -429,6 +436,7 @@ def test_oss_chain_matches_local_and_writes_no_secret(
     assert not [k for k in remote.keys() if ".tmp" in k]
 
 
+@pytest.mark.integration
 def test_chain_with_20_percent_faults_loses_nothing(
     remote, real_subset, local_chain, monkeypatch, caplog
 ):
@@ -450,6 +458,7 @@ def test_chain_with_20_percent_faults_loses_nothing(
     assert store.pending_uploads(remote.name) == []
 
 
+@pytest.mark.integration
 def test_s3_train_outage_then_resume_equals_uninterrupted(remote, real_subset, tmp_path):
     """train on s3://: existing-run checks; an outage mid-run, then resume == one straight run."""
     raw, prepared = real_subset
@@ -505,6 +514,7 @@ def test_s3_train_outage_then_resume_equals_uninterrupted(remote, real_subset, t
     assert resumed["step"] == straight["step"] and resumed["valid"] == straight["valid"]
 
 
+@pytest.mark.integration
 def test_store_down_names_url_and_stage_and_writes_nothing_locally(
     remote, real_subset, local_chain, tmp_path, monkeypatch
 ):

@@ -65,6 +65,7 @@ def weights(run: Path, name: str) -> dict[str, torch.Tensor]:
     return load_file(str(run / name / "model.safetensors"))
 
 
+@pytest.mark.e2e
 def test_sigkill_mid_epoch_then_resume_is_bit_identical(real_subset, tmp_path):
     _, prepared = real_subset
     full_dir, killed_dir = tmp_path / "full", tmp_path / "killed"
@@ -108,6 +109,7 @@ def test_sigkill_mid_epoch_then_resume_is_bit_identical(real_subset, tmp_path):
     assert repro["resumed_from"].endswith("last")
 
 
+@pytest.mark.integration
 def test_truncated_checkpoint_clear_error_previous_survives_failed_save(
     real_subset, tmp_path, monkeypatch
 ):
@@ -152,6 +154,7 @@ def test_truncated_checkpoint_clear_error_previous_survives_failed_save(
         load_training_state(str(run / "last"))
 
 
+@pytest.mark.e2e
 def test_resume_rules(real_subset, tmp_path):
     """resume=true on an empty dir starts fresh; a changed batch size or a model-only run is refused."""
     _, prepared = real_subset

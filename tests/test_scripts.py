@@ -52,6 +52,7 @@ def sweep(real_subset, tmp_path_factory):
     return root, results
 
 
+@pytest.mark.integration
 def test_find_runs(sweep):
     root, _ = sweep
     expected = [str(root / "sweep" / name) for name in sorted(LEARNING_RATES)]
@@ -61,6 +62,7 @@ def test_find_runs(sweep):
         find_runs(str(root / "nowhere"))
 
 
+@pytest.mark.integration
 def test_aggregate_differing_params_and_order(sweep, tmp_path):
     root, results = sweep
     table = aggregate_results(str(root))
@@ -112,6 +114,7 @@ def fake_run(path, lr: float, losses: list[float], accuracies: list[float]) -> N
     ).to_csv(path / "valid.log.tsv", sep="\t", index=False)
 
 
+@pytest.mark.unit
 def test_aggregate_orders_lower_loss_first_and_stringifies_lists(tmp_path):
     fake_run(tmp_path / "a", 0.1, [0.9, 0.5, 0.7], [0.6, 0.7, 0.9])
     fake_run(tmp_path / "b", 0.2, [0.4, 0.3, 0.35], [0.5, 0.6, 0.65])
@@ -124,6 +127,7 @@ def test_aggregate_orders_lower_loss_first_and_stringifies_lists(tmp_path):
     assert "major_metric" not in table.columns
 
 
+@pytest.mark.integration
 def test_diff_params_run_vs_starter_and_between_runs(sweep, tmp_path):
     root, _ = sweep
     a, b = root / "sweep" / "lr_1e-3", root / "sweep" / "lr_1e-2"
@@ -158,6 +162,7 @@ def snapshot(directory) -> dict[str, bytes]:
     }
 
 
+@pytest.mark.integration
 def test_clean_checkpoints_keeps_best_by_loss_and_last(real_subset, tmp_path, caplog):
     _, prepared = real_subset
     root = tmp_path / "runs"

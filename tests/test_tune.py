@@ -20,8 +20,6 @@ from xdpx.data import load_split
 from xdpx.trainer import EvalEvent, StopTraining
 from xdpx.tune import default_resources, hide_password, load_tune_config
 
-pytestmark = pytest.mark.integration
-
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
 
@@ -42,6 +40,7 @@ def xdpx(*args: str):
 
 
 # ------------------------------------------------------------------ the trainer hook
+@pytest.mark.integration
 def test_on_eval_sees_every_evaluation_and_stop_training_ends_cleanly(real_subset, tmp_path):
     from stages import train
 
@@ -95,6 +94,7 @@ def write_project(root: Path, raw: str) -> None:
     (root / "space.yaml").write_text(yaml.safe_dump(space))
 
 
+@pytest.mark.integration
 def test_tune_prunes_writes_outputs_and_resumes_numbering(real_subset, tmp_path, monkeypatch):
     raw, _ = real_subset
     monkeypatch.chdir(tmp_path)
@@ -157,6 +157,7 @@ def test_tune_prunes_writes_outputs_and_resumes_numbering(real_subset, tmp_path,
     assert len(optuna.load_study(study_name="lr", storage=storage).trials) == 10
 
 
+@pytest.mark.integration
 def test_tuning_prepro_keys_prepares_data_per_trial(real_subset, tmp_path, monkeypatch):
     raw, _ = real_subset
     monkeypatch.chdir(tmp_path)
@@ -255,6 +256,7 @@ def bad_space(tmp_path: Path, space: dict, **top) -> str:
         ),
     ],
 )
+@pytest.mark.unit
 def test_bad_tune_file_names_file_and_key(tmp_path, space, top, expected):
     path = bad_space(tmp_path, space, **top)
     with pytest.raises(ConfigError) as e:
@@ -263,6 +265,7 @@ def test_bad_tune_file_names_file_and_key(tmp_path, space, top, expected):
     assert expected.removeprefix("bad.yaml: ") in str(e.value)
 
 
+@pytest.mark.unit
 def test_bad_tune_file_on_the_command_line_writes_nothing(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     path = bad_space(tmp_path, {"learning_rate": {"type": "float", "values": [1e-2, 1e-4]}})
@@ -274,12 +277,14 @@ def test_bad_tune_file_on_the_command_line_writes_nothing(tmp_path, monkeypatch)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
 
 
+@pytest.mark.unit
 def test_tune_help_has_examples():
     result = xdpx("tune", "--help")
     assert result.exit_code == 0 and "Examples" in result.output
     assert "xdpx tune tune/space-ngram.yaml" in result.output
 
 
+@pytest.mark.unit
 def test_shipped_space_file_is_valid():
     cfg = load_tune_config(str(ROOT / "tune" / "space-ngram.yaml"))
     assert cfg.study == "ngram-lr" and cfg.space["train.learning_rate"].log
@@ -287,6 +292,7 @@ def test_shipped_space_file_is_valid():
     assert cfg.space["train.ngram_orders"].values[0] == [1, 2]
 
 
+@pytest.mark.unit
 def test_storage_password_is_hidden():
     url = "postgresql://xdpx:s3cret@db.example:5432/optuna"
     shown = hide_password(url)

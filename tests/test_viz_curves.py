@@ -14,6 +14,8 @@ from stages import train
 from xdpx.config import TrainConfig
 from xdpx.viz import learning_curves_figure, plot_learning_curves
 
+pytestmark = pytest.mark.integration
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
