@@ -126,7 +126,9 @@ def test_repo_params_yaml_is_valid():
 
 
 def test_repo_params_yaml_lists_every_key():
-    """params.yaml holds every knob (DESIGN.md): each model field appears in its section."""
+    """params.yaml holds every knob (DESIGN.md): each model field appears in its section, but
+    for the paths that default to another stage's output (``${section.key}``): `dvc exp run
+    -S` rewrites params.yaml with references resolved, which would freeze them."""
     from pathlib import Path
 
     import yaml
@@ -135,5 +137,31 @@ def test_repo_params_yaml_lists_every_key():
 
     raw = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
     for section, model in SECTIONS.items():
-        missing = set(model.model_fields) - set(raw[section])
+        derived = {k for k, f in model.model_fields.items() if "${" in str(f.default)}
+        missing = set(model.model_fields) - set(raw[section]) - derived
         assert not missing, f"params.yaml section {section} lacks {sorted(missing)}"
+        assert not derived & set(raw[section]), f"{section}: derived paths written out"
+
+
+def test_train_save_dir_moves_the_downstream_the_same_way_everywhere(tmp_path):
+    """params.yaml as shipped + `train.save_dir=models/other`: the Prefect flow's resolution
+    (load_params) and the CLI's / dvc repro's (load_stage_configs, one stage at a time)
+    agree, and every downstream path follows the run; an explicit checkpoint still wins."""
+    from pathlib import Path
+
+    from xdpx.config import load_params, load_stage_configs
+
+    shipped = str(Path(__file__).resolve().parents[1] / "params.yaml")
+    over = ["train.save_dir=models/other"]
+    flow = load_params(shipped, over)
+    for section in ("evaluate", "predict", "export"):
+        ((_, cli),) = load_stage_configs(section, None, over, shipped)
+        assert cli == getattr(flow, section), section
+        assert cli.checkpoint == "models/other/<best>", section
+    assert flow.export.out_dir == "models/other/export"
+    assert flow.train.data_dir == flow.evaluate.data_dir == flow.prepro.data_dir
+    moved = load_params(shipped, ["prepro.data_dir=data/p2"])
+    assert moved.train.data_dir == moved.export.data_dir == "data/p2"
+    explicit = load_params(shipped, over + ["evaluate.checkpoint=models/x/<last>"])
+    assert explicit.evaluate.checkpoint == "models/x/<last>"
+    assert explicit.predict.checkpoint == "models/other/<best>"

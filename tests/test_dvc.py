@@ -74,6 +74,32 @@ def test_repro_then_noop_then_metrics(project):
     assert "cdn.jsdelivr" not in page and "vegaEmbed" in page, html
 
 
+def test_touching_a_file_of_a_stages_import_closure_makes_it_out_of_date(project):
+    """xdpx/optim.py runs only in train: editing it makes `dvc status` report train alone (the
+    downstream reruns only if train's outputs change). xdpx/inference.py runs in train,
+    evaluate, predict and export: all four are reported, nothing upstream."""
+    root, env = project
+    for name, stages in (
+        ("optim.py", {"train"}),
+        ("inference.py", {"train", "evaluate", "predict", "export"}),
+    ):
+        path = root / "xdpx" / name
+        original = path.read_text()
+        path.write_text(original + "\n# touched\n")
+        try:
+            status = sh("dvc", "status", cwd=root, env=env)
+        finally:
+            path.write_text(original)
+        reported = {
+            line[:-1]
+            for line in status.splitlines()
+            if line.endswith(":") and not line.startswith((" ", "\t"))
+        }
+        assert reported == stages, (name, status)
+        assert f"xdpx/{name}" in status
+    assert "up to date" in sh("dvc", "status", cwd=root, env=env)
+
+
 def test_exp_run_set_param_lists_metric(project):
     root, env = project
     sh("git", "add", "-A", cwd=root, env=env)
@@ -85,3 +111,22 @@ def test_exp_run_set_param_lists_metric(project):
     shown = json.loads(sh("dvc", "exp", "show", "--json", cwd=root, env=env))
     text = json.dumps(shown)
     assert '"accuracy"' in text and "0.003" in text
+
+
+def test_exp_run_moving_save_dir_moves_the_downstream(project):
+    """`dvc exp run -S train.save_dir=models/other`: evaluate, predict and export read
+    models/other/best (dvc.lock records its hash as their dep) and export writes under it;
+    the dev metrics are those of models/other's best validation row."""
+    import pandas as pd
+
+    root, env = project
+    sh("dvc", "exp", "run", "-S", "train.save_dir=models/other", cwd=root, env=env)
+    lock = yaml.safe_load((root / "dvc.lock").read_text())["stages"]
+    best = next(o for o in lock["train"]["outs"] if o["path"] == "models/other/best")
+    for stage in ("evaluate", "predict", "export"):
+        dep = next(d for d in lock[stage]["deps"] if d["path"] == "models/other/best")
+        assert dep["md5"] == best["md5"], stage
+    assert (root / "models/other/export/model.onnx").exists()
+    metrics = json.loads((root / "reports/metrics.json").read_text())
+    valid = pd.read_csv(root / "models/other/valid.log.tsv", sep="\t")
+    assert metrics["dev"]["accuracy"] == pytest.approx(valid["accuracy"].max(), abs=1e-6)

@@ -164,7 +164,7 @@ MODELS_WITHOUT_EMBEDDINGS = ("ngram_lr", "match_ngram")
 class TrainConfig(_Section):
     """``train``: build a model from ``train.model`` + the prepro meta and run the Trainer."""
 
-    data_dir: str = Field("data/prepared", description="Prepared data (output of prepro).")
+    data_dir: str = Field("${prepro.data_dir}", description="Prepared data (output of prepro).")
     save_dir: str = Field("models/default", description="Run directory: checkpoints, logs, bundle.")
     overwrite: bool = Field(False, description="Replace an existing save_dir.")
     auto_suffix: bool = Field(
@@ -686,15 +686,18 @@ def load_params(path: str = "params.yaml", overrides: list[str] | tuple[str, ...
 
 
 def non_defaults(cfg: BaseModel) -> dict[str, Any]:
-    """The keys of a section (or of Params) whose value differs from the default."""
+    """The keys of a section (or of Params) whose value differs from the default (a default
+    that references another section, ``${prepro.data_dir}``, compared resolved against that
+    section's default)."""
     out: dict[str, Any] = {}
-    for name, field in type(cfg).model_fields.items():
+    defaults = type(cfg)()
+    for name in type(cfg).model_fields:
         value = getattr(cfg, name)
         if isinstance(value, BaseModel):
             sub = non_defaults(value)
             if sub:
                 out[name] = sub
-        elif value != field.default:
+        elif value != getattr(defaults, name):
             out[name] = value.model_dump() if isinstance(value, BaseModel) else value
     return out
 
