@@ -19,7 +19,12 @@ import torch
 import torch.distributed as dist
 
 from xdpx import io, preflight
-from xdpx.checkpoint import CheckpointError, find_resumable, resolve_checkpoint
+from xdpx.checkpoint import (
+    CheckpointError,
+    find_resumable,
+    remove_partial_saves,
+    resolve_checkpoint,
+)
 from xdpx.config import TrainConfig, dump_yaml, non_defaults
 from xdpx.data import VOCAB_FILE, PreparedMeta, Vocab, load_split
 from xdpx.distill import load_teacher_logits
@@ -100,14 +105,26 @@ def _resume_path(cfg: TrainConfig) -> str | None:
     if not cfg.resume:
         return None
     path = find_resumable(cfg.save_dir)
-    if path is None and RunDir(cfg.save_dir).markers():
+    run = RunDir(cfg.save_dir)
+    if path is None and run.markers():
+        remote = io.is_remote(cfg.save_dir)
+        if not io.exists(run.last):
+            raise CheckpointError(
+                f"train.resume: {cfg.save_dir} holds a run that never saved a checkpoint "
+                f"(no {LAST}/: it stopped before its first evaluation or save_interval); "
+                "nothing to resume, set train.overwrite=true to start it over"
+            )
         raise CheckpointError(
             f"train.resume: {cfg.save_dir} holds a run but no full checkpoint "
             f"({LAST}/trainer_state.json"
-            + (" with its manifest.json" if io.is_remote(cfg.save_dir) else "")
+            + (" with its manifest.json" if remote else "")
             + "); it was trained without save_full_checkpoint=true"
-            + (f" or the upload of {LAST}/ was interrupted" if io.is_remote(cfg.save_dir) else "")
+            + (f" or the upload of {LAST}/ was interrupted" if remote else "")
         )
+    if path is not None:
+        stale = remove_partial_saves(cfg.save_dir)
+        if stale:
+            log.info("train.resume: removed the partial saves of the killed run: %s", stale)
     if path is None:
         log.info("train.resume: nothing to resume in %s; starting a new run", cfg.save_dir)
     return path

@@ -169,3 +169,33 @@ def test_resume_rules(real_subset, tmp_path):
     assert plain.returncode == 0, plain.stderr
     refused = train_cli(params, "train.resume=true", *common)
     assert refused.returncode == 2 and "no full checkpoint" in refused.stderr
+
+
+@pytest.mark.integration
+def test_resume_after_a_kill_before_the_first_save_and_after_one_during_a_save(
+    real_subset, tmp_path
+):
+    """A run killed before its first checkpoint is told so (not 'trained without
+    save_full_checkpoint'); a resumed run removes the temp dir a save killed half-way left."""
+    from stages import train
+    from xdpx.config import TrainConfig
+    from xdpx.rundir import RunDir
+
+    _, prepared = real_subset
+    early = RunDir(str(tmp_path / "early"))
+    os.makedirs(early.path)
+    Path(early.params).write_text("train: {}\n")  # what the bundle writes before any update
+    Path(early.train_log).write_text("update\tepoch\n")
+    common = dict(data_dir=prepared, model="ngram_lr", ngram_buckets=1009, max_update=4)
+    common.update(save_full_checkpoint=True, eval_interval=2, threads=1)
+    with pytest.raises(CheckpointError, match="never saved a checkpoint.*overwrite=true"):
+        train.run(TrainConfig(save_dir=early.path, resume=True, **common))
+
+    run = RunDir(str(tmp_path / "run"))
+    train.run(TrainConfig(save_dir=run.path, **{**common, "max_update": 2}))
+    partial = Path(run.path) / ".last.tmp-deadbeef"  # a save killed after it made its temp dir
+    partial.mkdir()
+    (partial / "model.safetensors").write_bytes(b"half")
+    result = train.run(TrainConfig(save_dir=run.path, resume=True, **{**common, "max_update": 2}))
+    assert result.num_updates == 2 and not partial.exists()
+    assert load_checkpoint(run.last).info["update"] == 2

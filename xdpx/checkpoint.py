@@ -33,6 +33,7 @@ import hashlib
 import io as _bytes_io
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from typing import Any
 
@@ -222,6 +223,24 @@ def find_resumable(run_dir: str) -> str | None:
             if os.path.exists(os.path.join(entry.path, "trainer_state.json")):
                 return entry.path
     return None
+
+
+def remove_partial_saves(run_dir: str) -> list[str]:
+    """Delete the temporary directories of saves that were killed half-way (local run dirs).
+
+    A checkpoint is written into a hidden sibling (``.last.tmp-<tag>``, ``xdpx.io.tmp_sibling``)
+    and renamed into place; a process killed during the save leaves that sibling behind. A
+    resumed run calls this before training. Returns the names removed. On an object store
+    the staging directories are local (``xdpx.io.cache_dir``) and nothing is left in the run.
+    """
+    if not (io.is_local(run_dir) and os.path.isdir(run_dir)):
+        return []
+    removed = []
+    for entry in os.scandir(run_dir):
+        if entry.name.startswith(".") and ".tmp-" in entry.name and entry.is_dir():
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(entry.name)
+    return sorted(removed)
 
 
 def load_training_state(path: str) -> dict[str, Any]:
