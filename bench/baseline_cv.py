@@ -4,8 +4,8 @@ One split's test set (1,736 reviews) has a standard error of ~0.8 points, so a
 difference of a few test examples between xdpx and ``bench/baseline.py`` on
 the demo split says little. This script repeats the whole comparison on
 ``--seeds`` independent splits (``fetch.seed``; same ratios, same corpus):
-for each, ``stages.fetch`` -> ``stages.prepro`` -> ``stages.train`` ->
-``stages.evaluate`` with the params (``params.yaml`` plus ``key=value``
+for each, the stages fetch -> prepro -> train -> evaluate (``stages.registry.STAGES``,
+called as functions) with the params (``params.yaml`` plus ``key=value``
 overrides), and ``run_baseline`` on the same split (C picked on that split's
 dev). It prints each split's dev/test accuracies and the mean test
 difference (xdpx - baseline) with its standard error over splits and a
@@ -37,11 +37,11 @@ if _ROOT not in sys.path:  # run as a script: bench.baseline (and xdpx without `
     sys.path.insert(0, _ROOT)
 
 from bench.baseline import run_baseline  # noqa: E402
-from stages import evaluate, fetch, prepro, train  # noqa: E402
+from flows.suite import summarize  # noqa: E402  (mean paired difference, SE, t interval)
+from stages.registry import STAGES  # noqa: E402
 from xdpx import io  # noqa: E402
 from xdpx.config import Params, load_params  # noqa: E402
 from xdpx.rundir import RunDir  # noqa: E402
-from xdpx.suite import summarize  # noqa: E402  (mean paired difference, SE, t interval)
 
 __all__ = ["run_split", "summarize", "main"]
 
@@ -61,9 +61,11 @@ def run_split(params: Params, seed: int, work_dir: str) -> dict[str, Any]:
     start = time.perf_counter()
     raw, prepared = io.join(work_dir, "raw"), io.join(work_dir, "prepared")
     model = io.join(work_dir, "model")
-    fetch.run(params.fetch.model_copy(update={"seed": seed, "out_dir": raw}))
-    prepro.run(params.prepro.model_copy(update={"data_source": raw, "data_dir": prepared}))
-    train.run(
+    STAGES["fetch"].run(params.fetch.model_copy(update={"seed": seed, "out_dir": raw}))
+    STAGES["prepro"].run(
+        params.prepro.model_copy(update={"data_source": raw, "data_dir": prepared})
+    )
+    STAGES["train"].run(
         params.train.model_copy(
             update={
                 "data_dir": prepared,
@@ -73,7 +75,7 @@ def run_split(params: Params, seed: int, work_dir: str) -> dict[str, Any]:
             }
         )
     )
-    ours = evaluate.run(
+    evaluated = STAGES["evaluate"].run(
         params.evaluate.model_copy(
             update={
                 "checkpoint": RunDir(model).best_alias,
@@ -81,9 +83,12 @@ def run_split(params: Params, seed: int, work_dir: str) -> dict[str, Any]:
                 "splits": ["dev", "test"],
                 "metrics_file": io.join(work_dir, "metrics.json"),
                 "confusion_png": io.join(work_dir, "confusion.png"),
+                # set too: model_copy runs no validator, so it would keep the default's path
+                "curve_png": io.join(work_dir, "valid_curve.png"),
             }
         )
-    ).metrics
+    )
+    ours = evaluated.metrics
     base = run_baseline(raw)
     result = {
         "seed": seed,

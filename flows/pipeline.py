@@ -1,8 +1,9 @@
 """Prefect flow ``xdpx_pipeline``: fetch -> prepro -> train -> evaluate -> predict -> export.
 
-Each task calls the same ``stages.<name>.run`` function that ``dvc repro``
-runs, so the two orchestrators cannot drift. Task results are persisted
-(``persist_result=True``) so retries and the Prefect UI can show them.
+The stages and their order are ``stages.registry.STAGES`` (the CLI's and ``xdpx tune``'s
+too), and each task calls ``STAGES[name].run(params.<name>)``: the same function that
+``dvc repro`` runs, on a config object, so the two orchestrators cannot drift. Task results
+are persisted (``persist_result=True``) so retries and the Prefect UI can show them.
 
 Failures and retries:
 
@@ -29,7 +30,6 @@ Scheduled runs on work pools: see ``prefect.yaml`` and the README
 
 from __future__ import annotations
 
-import importlib
 import sys
 from typing import Any
 
@@ -37,14 +37,12 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import task_run as current_task_run
 
+from stages.registry import STAGES
 from xdpx.config import ConfigError, Params, load_params
 from xdpx.errors import RemoteIOError
 from xdpx.rundir import RunDir
 
 __all__ = ["STAGES", "STAGE_TASKS", "IO_RETRY_DELAYS", "StageError", "xdpx_pipeline", "main"]
-
-# DAG order; each name is a params.yaml section and a module stages/<name>.py.
-STAGES = ("fetch", "prepro", "train", "evaluate", "predict", "export")
 
 #: Default seconds to wait before each retry of a stage that failed with RemoteIOError
 #: (xdpx.io has already retried with backoff by then: these cover a longer store outage).
@@ -58,7 +56,7 @@ class StageError(RuntimeError):
     error>``, so the Prefect UI's state message names the stage and the error.
 
     Attributes:
-        stage: the stage name (``STAGES``).
+        stage: the stage name (a key of ``STAGES``).
         retryable: True when the cause is a :class:`~xdpx.errors.RemoteIOError`.
     """
 
@@ -136,11 +134,12 @@ def _stage_task(name: str):
         retry_condition_fn=_retry_on_remote_io,
     )
     def run_stage(params: Params) -> dict:
+        stage = STAGES[name]
         cfg = getattr(params, name)
         try:
             if name == "train":
                 cfg = _train_config_for_attempt(cfg)
-            result = importlib.import_module(f"stages.{name}").run(cfg)
+            result = stage.run(cfg)
         except Exception as e:
             raise StageError.wrap(name, e) from e
         get_run_logger().info("%s done: %s", name, _result_dict(result))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from flows.suite import run_suite
 from xdpx.baselines import pair_tfidf_lr, read_tsv
 from xdpx.config import load_params
 from xdpx.data.corpora import (
@@ -22,7 +23,6 @@ from xdpx.data.corpora import (
     read_orange_tab,
     read_stsb,
 )
-from xdpx.suite import run_suite
 
 
 def _rows(path: Path) -> list[list[str]]:

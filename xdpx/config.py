@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
 
 import yaml
@@ -878,6 +879,7 @@ def load_stage_configs(
     config_file: str | None = None,
     overrides: list[str] | tuple[str, ...] = (),
     params_file: str = "params.yaml",
+    updates: Mapping[str, Any] | None = None,
 ) -> list[tuple[str, _Section]]:
     """Resolve the config(s) of one stage: file (or params.yaml) + overrides, expanded by grid.
 
@@ -885,8 +887,11 @@ def load_stage_configs(
         section: the stage's params section (``train`` ...).
         config_file: YAML config (flat or sectioned, may ``extends:``); None =
             ``params_file``.
-        overrides: ``section.key=value`` strings, applied last.
+        overrides: ``section.key=value`` strings (command-line text, parsed as YAML).
         params_file: used when no config file is given.
+        updates: ``{"section.key": value}`` with Python values, applied after
+            ``overrides`` (before ``${...}`` references are resolved): for a caller that
+            holds values, not text (``xdpx tune``'s trials), so nothing goes through YAML.
 
     Returns:
         ``[(label, config)]``: one entry, label ``""``, without a grid; else one
@@ -905,7 +910,11 @@ def load_stage_configs(
             raw = read_config_file(params_file, section)
     grid = raw.pop("grid", {})
     raw = apply_overrides(raw, list(overrides))
-    if overrides:
+    for name, value in (updates or {}).items():
+        sec, _, key = name.partition(".")
+        _check_keys({sec: {key: value}}, f"{where}: update {name!r}")
+        raw.setdefault(sec, {})[key] = value
+    if overrides or updates:
         where += " + overrides"
     combos: list[dict[str, Any]] = [{}]
     for name, values in grid.items():

@@ -1,8 +1,8 @@
 """``xdpx suite``: one config against the classical baseline on every corpus of the suite.
 
 For each corpus (:mod:`xdpx.data.corpora`) and each seed ``s``: the corpus is written as
-raw TSV files (split ``s`` where its split is random), then ``stages.prepro`` ->
-``stages.train`` (``train.seed = s``) -> ``stages.evaluate`` run with the params
+raw TSV files (split ``s`` where its split is random), then the stages prepro -> train
+(``train.seed = s``) -> evaluate (``stages.registry.STAGES``, as functions) run with the params
 (``params.yaml`` plus ``key=value`` overrides; only the paths and the corpus's columns are
 set per corpus, and for sentence-pair corpora ``train.model`` is ``--pair-model``), and
 :func:`xdpx.baselines.run_baseline` runs on the same files (TF-IDF word 1-2-grams, char
@@ -28,9 +28,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from stages.registry import STAGES
 from xdpx import io
 from xdpx.baselines import read_tsv, run_baseline
-from xdpx.config import EvaluateConfig, Params
+from xdpx.config import EvaluateConfig, Params, PredictConfig
 from xdpx.data.corpora import CORPORA, Corpus, materialize
 from xdpx.data.meta import PreparedMeta
 from xdpx.models import PAIR_INPUTS, input_names
@@ -67,9 +68,6 @@ def run_corpus_seed(
         "model", "tokenizer"}, "baseline": {"dev", "test", "C", "seconds", "model"},
         "difference", "paired_se"}``; accuracies are fractions in [0, 1].
     """
-    from stages import evaluate, predict, prepro, train
-    from xdpx.config import PredictConfig
-
     raw, prepared = io.join(work_dir, "raw"), io.join(work_dir, "prepared")
     model_dir = io.join(work_dir, "model")
     counts = materialize(corpus.name, raw, seed, limit)
@@ -84,11 +82,11 @@ def run_corpus_seed(
             **corpus.columns,
         }
     )
-    prepared_result = prepro.run(prepro_cfg)
+    prepared_result = STAGES["prepro"].run(prepro_cfg)
     model = params.train.model
     if corpus.text2 and input_names(model) != PAIR_INPUTS:
         model = pair_model
-    train.run(
+    STAGES["train"].run(
         params.train.model_copy(
             update={
                 "data_dir": prepared,
@@ -103,7 +101,7 @@ def run_corpus_seed(
         )
     )
     checkpoint = RunDir(model_dir).best_alias
-    ours = evaluate.run(
+    evaluated = STAGES["evaluate"].run(
         EvaluateConfig(
             checkpoint=checkpoint,
             data_dir=prepared,
@@ -111,10 +109,11 @@ def run_corpus_seed(
             metrics_file=io.join(work_dir, "metrics.json"),
             confusion_png=io.join(work_dir, "confusion.png"),
         )
-    ).metrics
+    )
+    ours = evaluated.metrics
     seconds = time.perf_counter() - start
     predictions = io.join(work_dir, "test_predictions.tsv")
-    predict.run(
+    STAGES["predict"].run(
         PredictConfig(
             checkpoint=checkpoint,
             data_file=io.join(raw, "test.tsv"),

@@ -1,5 +1,10 @@
 """``xdpx tune``: hyper-parameter search with Optuna and a Hyperband pruner (XDPX's x-tune).
 
+An orchestrator of stages, beside the Prefect flow: it calls ``STAGES["prepro"].run`` and
+``STAGES["train"].run`` (``stages.registry``) as functions with config objects, in this
+process: the trainer's ``on_eval`` hook must reach the Optuna trial, and a trial's sampled
+values go into its configs as Python values (no argv, no YAML written and read back).
+
 XDPX's AutoML read three files (train.hjson, space.hjson, tune.hjson) and ran
 its own Hyperband. Here one YAML file holds the search space, in the style of
 XDPX's space.hjson (``type`` / ``values`` / ``log`` / ``step``), plus the study
@@ -18,7 +23,7 @@ settings; Optuna does the rest:
       train.batch_size: {type: int, values: [32, 128], step: 32}
       train.ngram_orders: {type: categorical, values: [[1, 2], [1, 2, 3]]}
 
-Each trial trains (``stages.train.run``) into ``<save_root>/<study>/trial-<n>``.
+Each trial trains (``STAGES["train"].run``) into ``<save_root>/<study>/trial-<n>``.
 After every dev evaluation the trainer's ``on_eval`` hook reports the
 ``major_metric`` to Optuna (``trial.report(value, step=samples_seen)``); when
 ``HyperbandPruner`` says so, the hook raises ``StopTraining`` and the trial
@@ -53,6 +58,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from stages.registry import STAGES
 from xdpx import io
 from xdpx.config import (
     ConfigError,
@@ -340,8 +346,9 @@ def default_storage(out_dir: str, study: str) -> str:
 
 
 # ------------------------------------------------------------------ configs of a trial
-def _stage_config(section: str, cfg: TuneConfig, extra: list[str]) -> Any:
-    configs = load_stage_configs(section, None, [*cfg.overrides, *extra], cfg.params)
+def _stage_config(section: str, cfg: TuneConfig, updates: dict[str, Any]) -> Any:
+    """The ``section`` config of the base params + the fixed overrides + ``updates`` (values)."""
+    configs = load_stage_configs(section, None, cfg.overrides, cfg.params, updates=updates)
     if len(configs) != 1:
         raise ConfigError(
             f"{cfg.params}: has a grid: (one run per combination); xdpx tune needs one base config"
@@ -518,14 +525,12 @@ def _write_outputs(cfg: TuneConfig, study: Any, metric: str, plots: bool) -> dic
 # ------------------------------------------------------------------ the study
 def _prepare(prepro: PreproConfig) -> str:
     """Run prepro into ``prepro.data_dir`` unless it already holds the output of this same config."""
-    from stages import prepro as prepro_stage
-
     if io.exists(PreparedMeta.path_in(prepro.data_dir)):
         meta = PreparedMeta.read(prepro.data_dir)
         if meta.prepro == prepro.model_dump(mode="json"):
             log.info("tune: reusing prepared data in %s (same prepro config)", prepro.data_dir)
             return prepro.data_dir
-    prepro_stage.run(prepro)
+    STAGES["prepro"].run(prepro)
     return prepro.data_dir
 
 
@@ -539,15 +544,14 @@ def run(cfg: TuneConfig) -> TuneResult:
     """
     import optuna
 
-    from stages import train as train_stage
     from xdpx.trainer import EvalEvent, StopTraining
 
     study_root = io.join(cfg.save_root, cfg.study)
     tunes_prepro = any(k.startswith("prepro.") for k in cfg.space)
     base_prepro: PreproConfig = _stage_config(
-        "prepro", cfg, [f"prepro.data_dir={io.join(study_root, 'prepared')}"]
+        "prepro", cfg, {"prepro.data_dir": io.join(study_root, "prepared")}
     )
-    base_train: TrainConfig = _stage_config("train", cfg, [])
+    base_train: TrainConfig = _stage_config("train", cfg, {})
     metric = base_train.major_metric
     direction = "maximize" if METRIC_DIRECTIONS[metric] > 0 else "minimize"
     shared = None if tunes_prepro else _prepare(base_prepro)
@@ -616,22 +620,24 @@ def run(cfg: TuneConfig) -> TuneResult:
         if io.exists(trial_dir):  # left by an earlier study of this name (a new storage)
             log.warning("tune: replacing %s (an earlier study's trial %d)", trial_dir, trial.number)
             io.rm(trial_dir, recursive=True)
-        tuned = [f"{k}={_yaml_value(v)}" for k, v in values.items()]
         data_dir = shared
         if data_dir is None:
             data_dir = io.join(trial_dir, "prepared")
-            prepro = _stage_config("prepro", cfg, [*tuned, f"prepro.data_dir={data_dir}"])
-            _prepare(prepro)
-        forced = [
-            f"train.save_dir={trial_dir}",
-            f"train.data_dir={data_dir}",
-            "train.overwrite=true",
-            "train.auto_suffix=false",
-            "train.resume=false",
-            "train.resume_from=null",
-        ]
-        train_cfg = _stage_config("train", cfg, [*tuned, *forced])
-        log.info("tune: trial %d: %s", trial.number, " ".join(tuned))
+            _prepare(_stage_config("prepro", cfg, {**values, "prepro.data_dir": data_dir}))
+        forced = {
+            "train.save_dir": trial_dir,
+            "train.data_dir": data_dir,
+            "train.overwrite": True,
+            "train.auto_suffix": False,
+            "train.resume": False,
+            "train.resume_from": None,
+        }
+        train_cfg = _stage_config("train", cfg, {**values, **forced})
+        log.info(
+            "tune: trial %d: %s",
+            trial.number,
+            " ".join(f"{k}={_yaml_value(v)}" for k, v in values.items()),
+        )
         pruned: list[int] = []
 
         def on_eval(event: EvalEvent) -> None:
@@ -643,7 +649,7 @@ def run(cfg: TuneConfig) -> TuneResult:
                     f"(dev {metric}={event.metrics[metric]:.4f})"
                 )
 
-        result = train_stage.run(train_cfg, on_eval=on_eval)
+        result = STAGES["train"].run(train_cfg, on_eval=on_eval)
         trial.set_user_attr("best_update", result.best_update)
         if pruned:
             raise optuna.TrialPruned(f"pruned at {pruned[0]} samples seen")
