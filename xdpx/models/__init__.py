@@ -14,12 +14,12 @@ A model with a token embedding layer exposes it as ``get_input_embeddings()``
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 from torch import nn
 
 from xdpx.data.meta import PreparedMeta
+from xdpx.model_configs import model_args
 from xdpx.models.bilstm import BiLSTM
 from xdpx.models.hf import HFClassifier
 from xdpx.models.ngram import MatchNgram, NgramLR
@@ -68,25 +68,20 @@ def model_config_from(
     pad_id: int,
     meta: PreparedMeta | None = None,
 ) -> dict:
-    """The constructor arguments of model ``name`` taken from a TrainConfig (saved as config.json).
+    """The constructor arguments of model ``name`` (saved as config.json): the data facts plus
+    the ``train`` keys its family declares (``xdpx.model_configs``).
 
-    ``meta`` (prepro's meta.json) supplies data facts a model may take: ``sep_id`` (the
+    ``meta`` (prepro's meta.json) supplies hf_classifier's data facts: ``sep_id`` (the
     tokenizer's separator) and ``pair`` (jointly encoded text pairs); without it there are
     none (no separator, single texts). A model class with a ``resolve_config(cfg, meta)``
     classmethod fills its data-dependent defaults there (``ngram_lr``: n-gram orders by
     tokenizer), so config.json holds concrete values.
     """
-    params = inspect.signature(MODELS[name].__init__).parameters
     cfg: dict[str, Any] = {"vocab_size": vocab_size, "num_labels": num_labels, "pad_id": pad_id}
-    from_meta = {
-        "sep_id": meta.sep_id if meta is not None else None,
-        "pair": meta is not None and meta.pair_encoding == "joint",
-    }
-    cfg.update({k: v for k, v in from_meta.items() if k in params})
-    for key in params:
-        if key not in cfg and key != "self" and hasattr(train_cfg, key):
-            value = getattr(train_cfg, key)
-            cfg[key] = list(value) if isinstance(value, tuple) else value
+    if name == "hf_classifier":
+        cfg["sep_id"] = meta.sep_id if meta is not None else None
+        cfg["pair"] = meta is not None and meta.pair_encoding == "joint"
+    cfg.update(model_args(name, train_cfg).model_dump())
     resolve = getattr(MODELS[name], "resolve_config", None)
     return resolve(cfg, meta) if resolve else cfg
 
