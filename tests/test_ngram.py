@@ -7,10 +7,10 @@ import pytest
 import torch
 from sklearn.feature_extraction.text import TfidfVectorizer
 
+from flows.corpora import materialize
 from stages import fetch
 from xdpx.config import FetchConfig
 from xdpx.data import CharTokenizer, PreparedMeta, Vocab, WordTokenizer
-from xdpx.data.corpora import materialize
 from xdpx.models.ngram import SUBWORD_WIDTH, NgramLR, char_ngrams
 
 

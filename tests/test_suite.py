@@ -12,10 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.suite import run_suite
-from xdpx.baselines import pair_tfidf_lr, read_tsv
-from xdpx.config import load_params
-from xdpx.data.corpora import (
+from flows.corpora import (
     CORPORA,
     SuiteDataError,
     materialize,
@@ -23,6 +20,9 @@ from xdpx.data.corpora import (
     read_orange_tab,
     read_stsb,
 )
+from flows.suite import run_suite
+from xdpx.baselines import pair_tfidf_lr, read_tsv
+from xdpx.config import load_params
 
 
 def _rows(path: Path) -> list[list[str]]:

@@ -7,10 +7,10 @@ import pickle
 
 import pytest
 
+from flows.corpora import materialize
 from stages import prepro
 from xdpx.config import PreproConfig
 from xdpx.data import WordTokenizer, detect_tokenizer, make_tokenizer
-from xdpx.data.corpora import materialize
 
 
 @pytest.mark.parametrize(
