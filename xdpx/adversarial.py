@@ -109,6 +109,11 @@ class FreeLB:
         ConfigError: the model exposes no embedding layer.
     """
 
+    @classmethod
+    def from_config(cls, model: nn.Module, cfg: Any, pad_id: int) -> FreeLB:
+        """From the ``train`` section: ``adv_steps``, ``adv_lr``, ``adv_init_mag``, ``adv_max_norm``."""
+        return cls(model, cfg.adv_steps, cfg.adv_lr, cfg.adv_init_mag, cfg.adv_max_norm, pad_id)
+
     def __init__(
         self,
         model: nn.Module,

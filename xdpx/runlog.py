@@ -34,6 +34,21 @@ TRAIN_COLUMNS = [
 ]
 
 
+def progress_bar(total: int, initial: int, enabled: bool) -> Any:
+    """The tqdm bar of the updates (``train: 12/30 [..., loss=0.41]``); rank 0 only."""
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=total,
+        initial=initial,
+        desc="train",
+        unit="upd",
+        mininterval=1.0,
+        dynamic_ncols=True,
+        disable=not enabled,
+    )
+
+
 def train_row(
     state: Any, lr: float, grad_norm: float, scale: float | None, wall_time: float
 ) -> tuple[dict[str, Any], dict[str, float]]:

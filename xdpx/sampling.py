@@ -83,6 +83,35 @@ def total_updates(epoch_len: int, window_size: int, cfg: Any) -> int:
     return min(budgets)
 
 
+def place(model: Any, cfg: Any) -> tuple[Any, Any, Any, int, int]:
+    """Put ``model`` on ``cfg.device`` (``auto``: CUDA when available) and, under an
+    initialised ``torch.distributed`` process group, wrap it in ``DistributedDataParallel``.
+
+    Returns:
+        ``(module, model, device, world_size, rank)``: the bare module and the one to train.
+
+    Raises:
+        ValueError: ``auto_ga`` under DDP (one rank cannot change its micro-batch alone).
+    """
+    import torch
+    import torch.distributed as dist
+
+    distributed = dist.is_available() and dist.is_initialized()
+    world_size = dist.get_world_size() if distributed else 1
+    rank = dist.get_rank() if distributed else 0
+    if cfg.auto_ga and world_size > 1:
+        raise ValueError("train.auto_ga works in a single process only (not under DDP)")
+    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+    module = model.to(device)
+    wrapped = module
+    if world_size > 1:
+        wrapped = torch.nn.parallel.DistributedDataParallel(
+            module, device_ids=[device.index] if use_cuda else None
+        )
+    return module, wrapped, device, world_size, rank
+
+
 def micro_batches(local: np.ndarray, micro_batch_size: int) -> list[np.ndarray]:
     """``local`` (one rank's share of a window) cut into micro-batches of ``micro_batch_size``."""
     return [local[i : i + micro_batch_size] for i in range(0, len(local), micro_batch_size)]

@@ -37,7 +37,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from tqdm.auto import tqdm
 
 from xdpx import diagnosis
 from xdpx import log as xlog
@@ -51,8 +50,8 @@ from xdpx.metrics import classification_metrics
 from xdpx.models import with_default_learning_rate
 from xdpx.optim import build_optimizer, build_scheduler
 from xdpx.rundir import BEST, LAST, RunDir
-from xdpx.runlog import RunLog, train_row
-from xdpx.sampling import ShardedOrder, micro_batches, total_updates, update_seed
+from xdpx.runlog import RunLog, progress_bar, train_row
+from xdpx.sampling import ShardedOrder, micro_batches, place, total_updates, update_seed
 from xdpx.train_state import (
     EvalEvent,
     StopTraining,
@@ -122,21 +121,8 @@ class Trainer:
                 f"teacher_logits must be [{len(train_seqs)}, num_labels], got {teacher_logits.shape}"
             )
         self.cfg = cfg = with_default_learning_rate(cfg)
-        distributed = dist.is_available() and dist.is_initialized()
-        self.world_size = dist.get_world_size() if distributed else 1
-        self.rank = dist.get_rank() if distributed else 0
-        if cfg.auto_ga and self.world_size > 1:
-            raise ValueError("train.auto_ga works in a single process only (not under DDP)")
-        use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-        self.device = (
-            torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
-        )
-        self.module = model.to(self.device)  # the bare model: eval, save, diagnose
-        self.model: nn.Module = self.module
-        if self.world_size > 1:
-            self.model = nn.parallel.DistributedDataParallel(
-                self.module, device_ids=[self.device.index] if use_cuda else None
-            )
+        # module: the bare model (eval, save, diagnose); model: DDP-wrapped under torchrun
+        self.module, self.model, self.device, self.world_size, self.rank = place(model, cfg)
         self.train_seqs, self.train_labels = train_seqs, np.asarray(train_labels, dtype=np.int64)
         self.valid_seqs, self.valid_labels = valid_seqs, valid_labels
         self.model_name, self.model_config = model_name, model_config
@@ -158,25 +144,17 @@ class Trainer:
         self._auto_ga_logged = False
         self.on_eval = on_eval
         self.stop_reason: str | None = None  # message of a StopTraining raised by on_eval
-        self.freelb = (
-            FreeLB(
-                self.module, cfg.adv_steps, cfg.adv_lr, cfg.adv_init_mag, cfg.adv_max_norm, pad_id
-            )
-            if cfg.adv == "freelb"
-            else None
-        )
+        self.freelb = FreeLB.from_config(self.module, cfg, pad_id) if cfg.adv == "freelb" else None
         self._adv_rng = torch.Generator(device=self.device)  # FreeLB's delta_0
         num_labels = self.model_config.get("num_labels") or int(self.train_labels.max()) + 1
-        self.class_weight = (
-            balanced_class_weight(self.train_labels, int(num_labels)).to(self.device)
-            if cfg.class_weight == "balanced"
-            else None
-        )
-        self.teacher_logits = (
-            torch.as_tensor(teacher_logits, dtype=torch.float32, device=self.device)
-            if teacher_logits is not None
-            else None
-        )
+        self.class_weight = self.teacher_logits = None
+        if cfg.class_weight == "balanced":
+            self.class_weight = balanced_class_weight(self.train_labels, int(num_labels))
+            self.class_weight = self.class_weight.to(self.device)
+        if teacher_logits is not None:
+            self.teacher_logits = torch.as_tensor(teacher_logits, dtype=torch.float32).to(
+                self.device
+            )
 
     # ---------------------------------------------------------------- the loop
     def fit(self) -> TrainResult:
@@ -193,15 +171,7 @@ class Trainer:
         self.logs.open_live(st.num_updates if self.resumed_from is not None else None)
         if self.resumed_from is not None:
             self.logs.write(st)  # drop rows the interrupted run wrote after its checkpoint
-        bar = tqdm(
-            total=self.total_updates,
-            initial=st.num_updates,
-            desc="train",
-            unit="upd",
-            mininterval=1.0,
-            dynamic_ncols=True,
-            disable=not self.is_main,
-        )
+        bar = progress_bar(self.total_updates, st.num_updates, enabled=self.is_main)
         profiler = None
         if cfg.profile and self.is_main:
             profiler = diagnosis.start_profiler(
@@ -328,12 +298,8 @@ class Trainer:
         Under DDP a rank whose share of a short last window is empty still joins the
         gradient all-reduce: it runs the window's first sample with weight 0.
 
-        With FreeLB each micro-batch takes ``adv_steps`` forward/backward passes with a
-        perturbation on the embedding output, each backward on ``loss / adv_steps`` (Zhu et
-        al. 2020, Algorithm 1); every pass replays the micro-batch's random state (same
-        dropout masks) and the initial perturbation comes from a generator of its own,
-        seeded by (seed, update, micro-batch). The logged loss is the mean over the passes,
-        the accuracy the first pass's.
+        With FreeLB each micro-batch takes ``adv_steps`` passes (``xdpx.adversarial``), each
+        replaying its random state; the logged loss is their mean, the accuracy the first's.
         """
         weight = 1.0 if len(local) else 0.0
         chunks = micro_batches(local if len(local) else window[:1], self.state.micro_batch_size)
