@@ -470,7 +470,7 @@ class EvaluateConfig(_Section):
 
     checkpoint: str = Field(
         "${train.save_dir}/<best>",
-        description="Checkpoint dir or alias <run>/<best>|<last>; default: the train stage's run.",
+        description="Checkpoint dir or alias <run>/<best> or <run>/<last>; default: the train stage's run.",
     )
     data_dir: str = Field("${prepro.data_dir}", description="Prepared data to evaluate on.")
     splits: list[str] = Field(["dev", "test"], description="Splits to score.")
