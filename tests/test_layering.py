@@ -12,6 +12,7 @@ module, no torch, so ``xdpx --help`` stays fast); the rest inside the commands.
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,9 @@ from xdpx.config import SECTIONS
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import import_closure  # noqa: E402
 
 #: The command-line entry point: may import stages/flows (see the module docstring).
 ENTRY_POINT = "xdpx/cli.py"
@@ -32,30 +36,7 @@ FORBIDDEN = {"xdpx": ("stages", "flows"), "stages": ("flows",)}
 
 def _imports(path: Path) -> list[tuple[int, str]]:
     """(line, absolute module name) of every import in ``path``, wherever it appears."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    package = ".".join(path.relative_to(ROOT).parent.parts)
-    found: list[tuple[int, str]] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:  # relative: resolve against the file's package
-                parts = package.split(".")
-                parts = parts[: len(parts) - (node.level - 1)]
-                base = ".".join(parts + ([node.module] if node.module else []))
-            else:
-                base = node.module or ""
-            found += [(node.lineno, f"{base}.{a.name}" if base else a.name) for a in node.names]
-        elif (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr == "import_module"
-            and node.args
-            and isinstance(node.args[0], ast.Constant)
-            and isinstance(node.args[0].value, str)
-        ):
-            found.append((node.lineno, node.args[0].value))
-    return found
+    return import_closure.imports_in(path, ROOT)
 
 
 def _top_level_imports(path: Path) -> list[tuple[int, str]]:

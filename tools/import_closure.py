@@ -35,25 +35,26 @@ def _package_of(path: Path, root: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] != "__init__" else parts[:-1])
 
 
-def imported_names(path: Path, root: Path = ROOT) -> set[str]:
-    """Absolute module names a file imports (candidates; may name attributes, not modules)."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+def imports_in(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
+    """``(line, absolute module name)`` of every import in ``path``, wherever it appears
+    (candidates: ``from a import b`` gives ``a`` and ``a.b``, which may be an attribute)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     package = _package_of(path, root)
     if path.name == "__init__.py":
         package = ".".join(path.relative_to(root).parent.parts)
-    names: set[str] = set()
+    found: list[tuple[int, str]] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
+            found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
+            if node.level:  # relative: resolve against the file's package
                 parts = package.split(".") if package else []
                 parts = parts[: len(parts) - (node.level - 1)]
                 base = ".".join(parts + ([node.module] if node.module else []))
             else:
                 base = node.module or ""
-            names.add(base)
-            names.update(f"{base}.{alias.name}" for alias in node.names if alias.name != "*")
+            found.append((node.lineno, base))
+            found += [(node.lineno, f"{base}.{a.name}") for a in node.names if a.name != "*"]
         elif (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)
@@ -62,8 +63,13 @@ def imported_names(path: Path, root: Path = ROOT) -> set[str]:
             and isinstance(node.args[0], ast.Constant)
             and isinstance(node.args[0].value, str)
         ):
-            names.add(node.args[0].value)
-    return {n for n in names if n}
+            found.append((node.lineno, node.args[0].value))
+    return [(line, name.strip(".")) for line, name in found if name.strip(".")]
+
+
+def imported_names(path: Path, root: Path = ROOT) -> set[str]:
+    """Absolute module names a file imports (see :func:`imports_in`)."""
+    return {name for _, name in imports_in(path, root)}
 
 
 def closure(module: str, root: Path = ROOT) -> set[Path]:
