@@ -22,14 +22,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from xdpx.config import (
-    EvaluateConfig,
-    ExportConfig,
-    FetchConfig,
-    PredictConfig,
-    PreproConfig,
-    TrainConfig,
-)
+from xdpx.config import SECTIONS
 
 __all__ = ["Stage", "STAGES"]
 
@@ -41,14 +34,17 @@ class Stage:
     Attributes:
         name: the stage name: its ``params.yaml`` section, its dvc.yaml stage and its
             module ``stages.<name>``.
-        config: the pydantic class of its section (``xdpx.config.SECTIONS[name]``).
         load: imports and returns the stage module (a literal ``importlib.import_module``
             name, so ``tools/import_closure.py`` follows it).
     """
 
     name: str
-    config: type
     load: Callable[[], ModuleType]
+
+    @property
+    def config(self) -> type:
+        """The pydantic class of its params section (``xdpx.config.SECTIONS[name]``)."""
+        return SECTIONS[self.name]
 
     @property
     def module(self) -> ModuleType:
@@ -77,10 +73,10 @@ def _stages(*stages: Stage) -> dict[str, Stage]:
 
 #: name -> Stage, in DAG order (fetch -> prepro -> train -> evaluate -> predict -> export).
 STAGES: dict[str, Stage] = _stages(
-    Stage("fetch", FetchConfig, lambda: importlib.import_module("stages.fetch")),
-    Stage("prepro", PreproConfig, lambda: importlib.import_module("stages.prepro")),
-    Stage("train", TrainConfig, lambda: importlib.import_module("stages.train")),
-    Stage("evaluate", EvaluateConfig, lambda: importlib.import_module("stages.evaluate")),
-    Stage("predict", PredictConfig, lambda: importlib.import_module("stages.predict")),
-    Stage("export", ExportConfig, lambda: importlib.import_module("stages.export")),
+    Stage("fetch", lambda: importlib.import_module("stages.fetch")),
+    Stage("prepro", lambda: importlib.import_module("stages.prepro")),
+    Stage("train", lambda: importlib.import_module("stages.train")),
+    Stage("evaluate", lambda: importlib.import_module("stages.evaluate")),
+    Stage("predict", lambda: importlib.import_module("stages.predict")),
+    Stage("export", lambda: importlib.import_module("stages.export")),
 )

@@ -28,7 +28,6 @@ import logging
 from typing import Any
 
 from xdpx import io
-from xdpx.data.meta import PreparedMeta
 from xdpx.rundir import RunDir
 
 log = logging.getLogger("xdpx.preflight")
@@ -97,18 +96,18 @@ def check_prepro(cfg: Any) -> Any:
 
 
 def check_run_dir(cfg: Any) -> Any:
-    """train: the inputs that need no model code, and what to do with an existing run dir.
+    """train: the inputs that need no model code (the prepared data is checked first, by
+    ``stages.train.check``), and what to do with an existing run dir.
 
     Returns ``cfg``, or with ``auto_suffix`` and an occupied ``save_dir`` a copy whose
     ``save_dir`` is the first free suffixed name (``auto_suffix`` cleared, so a second
     check keeps it).
 
     Raises:
-        FileNotFoundError: prepared data, ``pretrained_model`` or ``distill_from`` missing.
+        FileNotFoundError: ``pretrained_model`` or ``distill_from`` missing.
         FileExistsError: ``save_dir`` holds a run and none of ``overwrite``, ``resume``,
             ``resume_from``, ``auto_suffix`` is set.
     """
-    must_exist("train", "data_dir", PreparedMeta.path_in(cfg.data_dir), "run prepro first")
     if cfg.pretrained_model:
         must_resolve("train", "pretrained_model", cfg.pretrained_model)
     if cfg.distill_from:

@@ -69,19 +69,19 @@ class RunDir:
 
     @property
     def train_log(self) -> str:
-        return self._join("train.log.tsv")
+        return self.log("train")
 
     @property
     def valid_log(self) -> str:
-        return self._join("valid.log.tsv")
+        return self.log("valid")
 
     @property
     def grad_log(self) -> str:
-        return self._join("grad.log.tsv")
+        return self.log("grad")
 
     @property
     def samples_log(self) -> str:
-        return self._join("samples.log.tsv")
+        return self.log("samples")
 
     def log(self, name: str) -> str:
         """``<name>.log.tsv`` for ``train``/``valid``/``grad``/``samples``."""
