@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 from pydantic import BaseModel
-from tqdm import tqdm
 
 from xdpx import io, preflight
 from xdpx.config import ConfigError, PreproConfig
@@ -28,24 +26,27 @@ from xdpx.data import (
     TARGET_MAP_FILE,
     VOCAB_FILE,
     DataError,
-    Encoder,
     HFTokenizer,
     PreparedMeta,
-    ReadResult,
     TargetMap,
     Vocab,
     detect_tokenizer,
     make_tokenizer,
-    read_examples,
-    write_split,
+)
+from xdpx.data.readers import MAX_BAD_LINES, iter_examples
+from xdpx.data.stream import (
+    EncoderSpec,
+    FileCounts,
+    FileShards,
+    count_file,
+    encode_file,
+    expand_sources,
+    worker_pool,
 )
 from xdpx.data.transliterate import make_transliterator
 from xdpx.stage import stage_main
 
 log = logging.getLogger("xdpx.prepro")
-
-#: Rows encoded per progress-bar update.
-_CHUNK = 2000
 
 
 class PreproResult(BaseModel):
@@ -68,33 +69,10 @@ class PreproResult(BaseModel):
     paths: dict[str, Any]
 
 
-def _read_splits(cfg: PreproConfig) -> tuple[dict[str, ReadResult], TargetMap]:
-    """Read train first (its labels define the target map), then the other splits."""
-    sources = {split: io.join(cfg.data_source, name) for split, name in cfg.data_files.items()}
-    fixed = TargetMap.load(cfg.target_map_file) if cfg.target_map_file else None
-    allowed = set(fixed.labels) if fixed else None
-    results: dict[str, ReadResult] = {}
-    results["train"] = read_examples(
-        sources["train"], cfg, require_label=True, allowed_labels=allowed
-    )
-    train = results["train"]
-    if not train.texts:
-        raise DataError(f"{sources['train']}: no usable examples in the train split")
-    assert train.labels is not None
-    target_map = fixed or TargetMap.build(train.labels, cfg.special_targets)
-    for split, path in sources.items():
-        if split != "train":
-            results[split] = read_examples(
-                path, cfg, require_label=False, allowed_labels=set(target_map.labels)
-            )
-    for split, r in results.items():
-        log.info("%s: %d rows read from %s, %d skipped", split, len(r), sources[split], r.skipped)
-    return results, target_map
-
-
-def resolve_tokenizer(cfg: PreproConfig, train: ReadResult) -> tuple[str, float | None]:
+def resolve_tokenizer(cfg: PreproConfig, train_files: list[str]) -> tuple[str, float | None]:
     """The tokenizer name to use: ``cfg.tokenizer``, or for ``auto`` the choice of
-    :func:`xdpx.data.detect_tokenizer` on the (transliterated) training texts.
+    :func:`xdpx.data.detect_tokenizer` on the (transliterated) first training texts (it
+    reads the first million characters; the files are streamed, not loaded).
 
     Returns:
         ``(name, fraction)``: ``fraction`` is the share of letters in scripts written
@@ -103,8 +81,14 @@ def resolve_tokenizer(cfg: PreproConfig, train: ReadResult) -> tuple[str, float 
     if cfg.tokenizer != "auto":
         return cfg.tokenizer, None
     transliterate = make_transliterator(cfg.transliterate)
-    texts = train.texts + (train.texts2 or [])
-    name, fraction = detect_tokenizer(transliterate(t) if transliterate else t for t in texts)
+
+    def texts() -> Iterator[str]:
+        for path in train_files:
+            for chunk in iter_examples(path, cfg, True, None, cfg.chunk_rows):
+                for t in chunk.texts + (chunk.texts2 or []):
+                    yield transliterate(t) if transliterate else t
+
+    name, fraction = detect_tokenizer(texts())
     log.info(
         "tokenizer=auto: %s (%.1f%% of the train letters are in scripts without spaces)",
         name,
@@ -113,139 +97,125 @@ def resolve_tokenizer(cfg: PreproConfig, train: ReadResult) -> tuple[str, float 
     return name, fraction
 
 
-def _build_encoder(
-    cfg: PreproConfig, train: ReadResult, target_map: TargetMap, tokenizer_name: str
-) -> tuple[Encoder, list[str]]:
-    """The Encoder of this run and the vocab.txt lines (tokens in id order)."""
-    pair = cfg.text2_column is not None
-    try:
-        tokenizer = make_tokenizer(tokenizer_name, cfg.lower, cfg.tokenizer_path)
-    except ValueError as e:
-        raise ConfigError(f"prepro.tokenizer={cfg.tokenizer}: {e}") from None
-    if isinstance(tokenizer, HFTokenizer):
-        encoder = Encoder(
-            tokenizer, target_map, cfg.max_len, pair=pair, transliterate=cfg.transliterate
-        )
-        return encoder, tokenizer.vocab_tokens()
-    if cfg.vocab_file:
-        vocab = Vocab.load(cfg.vocab_file)
-    else:
-        transliterate = make_transliterator(cfg.transliterate)  # as the Encoder does
-        counts: Counter[str] = Counter()
-        for text in tqdm(
-            train.texts + (train.texts2 or []), desc="vocab", unit="text", leave=False
-        ):
-            counts.update(tokenizer.tokenize(transliterate(text) if transliterate else text))
-        vocab = Vocab.build(counts, cfg.threshold, cfg.nwords)
-    encoder = Encoder(
-        tokenizer, target_map, cfg.max_len, vocab, pair=pair, transliterate=cfg.transliterate
-    )
-    return encoder, vocab.tokens
+def needs_counts(cfg: PreproConfig, tokenizer: str) -> str | None:
+    """The tokenizer whose tokens the counting pass must count (None: the vocab is given
+    or is the hf tokenizer's); see :func:`build_spec`."""
+    return None if cfg.vocab_file or tokenizer == "hf" else tokenizer
 
 
-def _encode_split(
-    encoder: Encoder, split: str, data: ReadResult
-) -> tuple[list[np.ndarray], list[np.ndarray] | None, int, int]:
-    """Encode one split in chunks (with a progress bar).
+def build_spec(
+    cfg: PreproConfig, tokenizer: str, counts: FileCounts | None
+) -> tuple[EncoderSpec, list[str]]:
+    """The encoder of this run (as an :class:`EncoderSpec`) and the vocab.txt lines.
 
-    Returns:
-        ``(input_ids, input_ids2, max_length_seen, truncated)``; lengths are before
-        truncation, ``truncated`` counts rows where any sequence exceeded ``max_len``.
-    """
-    ids: list[np.ndarray] = []
-    ids2: list[np.ndarray] | None = [] if encoder.pair_encoding == "separate" else None
-    max_seen, truncated = 0, 0
-    with tqdm(total=len(data.texts), desc=f"prepro {split}", unit="row") as bar:
-        for start in range(0, len(data.texts), _CHUNK):
-            stop = start + _CHUNK
-            texts2 = data.texts2[start:stop] if encoder.pair else None
-            a, b, full, full2 = encoder.encode_with_lengths(data.texts[start:stop], texts2)
-            ids.extend(a)
-            longest = list(full)
-            if ids2 is not None and b is not None and full2 is not None:
-                ids2.extend(b)
-                longest = [max(x, y) for x, y in zip(full, full2, strict=True)]
-            max_seen = max([max_seen, *longest])
-            truncated += sum(n > encoder.max_len for n in longest)
-            bar.update(len(a))
-    return ids, ids2, max_seen, truncated
-
-
-@io.stage("prepro")
-def run(cfg: PreproConfig) -> PreproResult:
-    """Prepare every split of ``cfg.data_files``; see the module docstring for the outputs.
+    Args:
+        cfg: the prepro section.
+        tokenizer: the resolved tokenizer name.
+        counts: the counting pass over the train files (:func:`count_file`, summed), or
+            None when both the target map and the vocab are given.
 
     Raises:
-        DataError: a missing file, a malformed line (``file:line: reason``) unless
-            ``cfg.skip_bad_lines``, a label outside ``cfg.target_map_file``, a bad vocab or
-            target-map file, or an empty train split.
+        DataError: no usable train examples, or a bad vocab / target-map file.
         ConfigError: the hf tokenizer cannot be loaded.
     """
-    cfg = preflight.check_prepro(cfg)
-    results, target_map = _read_splits(cfg)
-    tokenizer_name, no_space_fraction = resolve_tokenizer(cfg, results["train"])
-    encoder, vocab_lines = _build_encoder(cfg, results["train"], target_map, tokenizer_name)
-    log.info("vocab: %d ids; labels: %s", encoder.vocab_size, target_map.labels)
+    if counts is not None and not counts.rows:
+        raise DataError(f"{cfg.data_files['train']}: no usable examples in the train split")
+    if cfg.target_map_file:
+        target_map = TargetMap.load(cfg.target_map_file)
+    else:
+        assert counts is not None
+        target_map = TargetMap.build(counts.labels.elements(), cfg.special_targets)
+    vocab_lines: list[str] | None
+    if tokenizer == "hf":
+        try:
+            tok = make_tokenizer("hf", cfg.lower, cfg.tokenizer_path)
+        except ValueError as e:
+            raise ConfigError(f"prepro.tokenizer={cfg.tokenizer}: {e}") from None
+        assert isinstance(tok, HFTokenizer)
+        vocab_lines, spec_vocab = tok.vocab_tokens(), None
+    else:
+        if cfg.vocab_file:
+            vocab = Vocab.load(cfg.vocab_file)
+        else:
+            assert counts is not None and counts.tokens is not None
+            vocab = Vocab.build(counts.tokens, cfg.threshold, cfg.nwords)
+        vocab_lines = spec_vocab = list(vocab.tokens)
+    spec = EncoderSpec(cfg.model_dump(mode="json"), tokenizer, spec_vocab, list(target_map.labels))
+    return spec, vocab_lines
 
+
+def split_meta(cfg: PreproConfig, pieces: list[FileShards]) -> dict[str, Any]:
+    """The ``meta.json`` entry of one split from its files' :class:`FileShards` (in order)."""
+    rows = sum(p.rows for p in pieces)
+    sources = [p.source for p in pieces]
+    bad: list[str] = [m for p in pieces for m in p.bad_lines][:MAX_BAD_LINES]
+    labels = [sum(c) for c in zip(*(p.label_counts for p in pieces), strict=True)]
+    has_labels = all(p.has_labels for p in pieces)
+    meta = {
+        "rows": rows,
+        "skipped": sum(p.skipped for p in pieces),
+        "source": sources[0] if len(sources) == 1 else sources,
+        "max_length_seen": max(p.max_length_seen for p in pieces),
+        "truncated": sum(p.truncated for p in pieces),
+        "has_labels": has_labels,
+        "shards": sum(len(p.shard_rows) for p in pieces),
+        "bad_lines": bad,
+        "shard_rows": {k: v for p in pieces for k, v in p.shard_rows.items()},
+        "label_counts": labels if has_labels else None,
+    }
+    log.info(
+        "%s: %d rows from %d file(s), %d skipped, %d truncated to max_len=%d (longest %d)",
+        pieces[0].split, rows, len(pieces), meta["skipped"], meta["truncated"], cfg.max_len,
+        meta["max_length_seen"],
+    )  # fmt: skip
+    return meta
+
+
+def write_prepared(
+    cfg: PreproConfig,
+    tmp: str,
+    spec: EncoderSpec,
+    vocab_lines: list[str],
+    pieces: list[FileShards],
+    tokenizer_auto: float | None,
+) -> PreproResult:
+    """Write vocab.txt, target_map.txt and meta.json into ``tmp`` (which holds the shards
+    of ``pieces``) and swap it in as ``cfg.data_dir``.
+
+    Raises:
+        DataError: the train split has no usable examples.
+    """
     final = cfg.data_dir.rstrip("/")
-    tmp = io.tmp_sibling(final)
-    splits_meta: dict[str, dict[str, Any]] = {}
-    shard_paths: dict[str, list[str]] = {}
-    try:
-        io.makedirs(tmp)
-        io.write_text(io.join(tmp, VOCAB_FILE), "".join(f"{t}\n" for t in vocab_lines))
-        target_map.save(io.join(tmp, TARGET_MAP_FILE))
-        for split, data in results.items():
-            ids, ids2, max_seen, truncated = _encode_split(encoder, split, data)
-            labels = encoder.encode_labels(data.labels) if data.labels is not None else None
-            written = write_split(
-                tmp, split, np.arange(len(ids)), ids, labels, ids2, shard_size=cfg.shard_size
-            )
-            shard_paths[split] = [p.replace(tmp, final, 1) for p in written]
-            splits_meta[split] = {
-                "rows": len(ids),
-                "skipped": data.skipped,
-                "source": io.join(cfg.data_source, cfg.data_files[split]),
-                "max_length_seen": int(max_seen),
-                "truncated": int(truncated),
-                "has_labels": data.labels is not None,
-                "shards": len(written),
-                "bad_lines": data.bad_lines,
-            }
-            log.info(
-                "%s: %d rows, %d skipped, %d truncated to max_len=%d (longest %d)",
-                split,
-                len(ids),
-                data.skipped,
-                truncated,
-                cfg.max_len,
-                max_seen,
-            )
-        PreparedMeta(
-            tokenizer=tokenizer_name,
-            tokenizer_auto=(
-                None
-                if no_space_fraction is None
-                else {"chosen": tokenizer_name, "no_space_script_fraction": no_space_fraction}
-            ),
-            lower=cfg.lower,
-            max_len=cfg.max_len,
-            vocab_size=encoder.vocab_size,
-            num_labels=encoder.num_labels,
-            labels=encoder.labels,
-            pad_id=encoder.pad_id,
-            unk_id=encoder.unk_id,
-            sep_id=getattr(encoder.tokenizer, "sep_id", None),
-            pair=encoder.pair_encoding == "separate",
-            pair_encoding=encoder.pair_encoding,
-            splits=splits_meta,
-            prepro=cfg.model_dump(mode="json"),
-        ).write(tmp)
-        io.replace_dir(tmp, final, marker=META_FILE)
-    except BaseException:
-        with contextlib.suppress(Exception):  # keep the original error
-            io.rm(tmp, recursive=True)
-        raise
+    by_split: dict[str, list[FileShards]] = {}
+    for p in sorted(pieces, key=lambda p: (list(cfg.data_files).index(p.split), p.file_index)):
+        by_split.setdefault(p.split, []).append(p)
+    splits_meta = {split: split_meta(cfg, ps) for split, ps in by_split.items()}
+    if not splits_meta["train"]["rows"]:
+        raise DataError(f"{cfg.data_files['train']}: no usable examples in the train split")
+    encoder = spec.build()
+    io.write_text(io.join(tmp, VOCAB_FILE), "".join(f"{t}\n" for t in vocab_lines))
+    encoder.target_map.save(io.join(tmp, TARGET_MAP_FILE))
+    PreparedMeta(
+        tokenizer=spec.tokenizer,
+        tokenizer_auto=(
+            None
+            if tokenizer_auto is None
+            else {"chosen": spec.tokenizer, "no_space_script_fraction": tokenizer_auto}
+        ),
+        lower=cfg.lower,
+        max_len=cfg.max_len,
+        vocab_size=encoder.vocab_size,
+        num_labels=encoder.num_labels,
+        labels=encoder.labels,
+        pad_id=encoder.pad_id,
+        unk_id=encoder.unk_id,
+        sep_id=getattr(encoder.tokenizer, "sep_id", None),
+        pair=encoder.pair_encoding == "separate",
+        pair_encoding=encoder.pair_encoding,
+        splits=splits_meta,
+        prepro=cfg.model_dump(mode="json"),
+    ).write(tmp)
+    io.replace_dir(tmp, final, marker=META_FILE)
     return PreproResult(
         data_dir=final,
         vocab_size=encoder.vocab_size,
@@ -256,9 +226,71 @@ def run(cfg: PreproConfig) -> PreproResult:
             "vocab": io.join(final, VOCAB_FILE),
             "target_map": io.join(final, TARGET_MAP_FILE),
             "meta": io.join(final, META_FILE),
-            "shards": shard_paths,
+            "shards": {
+                s: [io.join(final, s, name) for name in m["shard_rows"]]
+                for s, m in splits_meta.items()
+            },
         },
     )
+
+
+@contextlib.contextmanager
+def building(cfg: PreproConfig) -> Iterator[str]:
+    """A fresh temporary sibling of ``cfg.data_dir`` to write into; removed on failure
+    (the previous ``data_dir`` stays intact)."""
+    tmp = io.tmp_sibling(cfg.data_dir.rstrip("/"))
+    try:
+        io.makedirs(tmp)
+        yield tmp
+    except BaseException:
+        with contextlib.suppress(Exception):  # keep the original error
+            io.rm(tmp, recursive=True)
+        raise
+
+
+@contextlib.contextmanager
+def _pool(workers: int, spec: EncoderSpec | None = None) -> Iterator[Any]:
+    pool = worker_pool(workers, spec)
+    with pool if pool is not None else contextlib.nullcontext():
+        yield pool
+
+
+@io.stage("prepro")
+def run(cfg: PreproConfig) -> PreproResult:
+    """Prepare every split of ``cfg.data_files``; see the module docstring for the outputs.
+
+    Streams: a counting pass over the train files (target map, vocab), then an encoding
+    pass over every file, each a chunk of ``chunk_rows`` rows at a time, tokenized in
+    ``cfg.workers`` processes (:mod:`xdpx.data.stream`); memory does not grow with the
+    corpus.
+
+    Raises:
+        DataError: a missing file, a malformed line (``file:line: reason``) unless
+            ``cfg.skip_bad_lines``, a label outside ``cfg.target_map_file``, a bad vocab or
+            target-map file, or an empty train split.
+        ConfigError: the hf tokenizer cannot be loaded.
+    """
+    cfg = preflight.check_prepro(cfg)
+    sources = expand_sources(cfg)
+    tokenizer, fraction = resolve_tokenizer(cfg, sources["train"])
+    count_tokens = needs_counts(cfg, tokenizer)
+    with _pool(cfg.workers if count_tokens else 1) as pool:
+        counts = None
+        if not (cfg.target_map_file and count_tokens is None):
+            fixed = set(TargetMap.load(cfg.target_map_file).labels) if cfg.target_map_file else None
+            counts = sum(
+                (count_file(p, cfg, count_tokens, fixed, pool) for p in sources["train"]),
+                FileCounts(),
+            )
+        spec, vocab_lines = build_spec(cfg, tokenizer, counts)
+    log.info("vocab: %d ids; labels: %s", len(vocab_lines), spec.labels)
+    with _pool(cfg.workers, spec) as pool, building(cfg) as tmp:
+        pieces = [
+            encode_file(path, split, i, spec, cfg, tmp, split == "train", pool)
+            for split, files in sources.items()
+            for i, path in enumerate(files)
+        ]
+        return write_prepared(cfg, tmp, spec, vocab_lines, pieces, fraction)
 
 
 def main(argv: list[str] | None = None) -> PreproResult:

@@ -13,7 +13,8 @@ import os
 import platform
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -27,6 +28,7 @@ from xdpx.checkpoint import (
 )
 from xdpx.config import TrainConfig, dump_yaml, non_defaults
 from xdpx.data import VOCAB_FILE, PreparedMeta, Vocab, load_split
+from xdpx.data.lazy import InMemoryData, LazyData, LazySplit, TrainData
 from xdpx.distill import load_teacher_logits
 from xdpx.inference import as_samples
 from xdpx.models import (
@@ -198,6 +200,14 @@ def run(cfg: TrainConfig, on_eval: Callable[[EvalEvent], None] | None = None) ->
             dist.destroy_process_group()
 
 
+def _streamed_texts(split: LazySplit) -> Iterator[Any]:
+    """Every text of a split, shard by shard (pairs: each shard's first texts, then its
+    second texts), for ``model.prepare`` (ngram_lr's document frequencies)."""
+    for data in split.iter_shards():
+        yield from data.input_ids
+        yield from data.input_ids2 or []
+
+
 def _train(
     cfg: TrainConfig,
     resume_path: str | None,
@@ -208,9 +218,20 @@ def _train(
     meta = PreparedMeta.read(cfg.data_dir)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    train = load_split(cfg.data_dir, cfg.train_subset)
     has_valid = cfg.valid_subset in meta.splits
-    valid = load_split(cfg.data_dir, cfg.valid_subset) if has_valid else None
+    if cfg.lazy_load:  # one shard at a time (xdpx.data.lazy)
+        split = LazySplit(cfg.data_dir, cfg.train_subset)
+        data: TrainData = LazyData(split, cfg.seed, meta.split(cfg.train_subset).label_counts)
+        valid: Any = LazySplit(cfg.data_dir, cfg.valid_subset) if has_valid else None
+        texts: Any = _streamed_texts(split)
+        valid_labels = None
+    else:
+        train = load_split(cfg.data_dir, cfg.train_subset)
+        data = InMemoryData(as_samples(train.input_ids, train.input_ids2), train.labels, cfg.seed)
+        texts = list(train.input_ids) + list(train.input_ids2 or [])  # pairs: both sides
+        split_v = load_split(cfg.data_dir, cfg.valid_subset) if has_valid else None
+        valid = as_samples(split_v.input_ids, split_v.input_ids2) if split_v else None
+        valid_labels = split_v.labels if split_v else None
     if valid is None:
         log.warning("no %r split in %s: no evaluation, best = last", cfg.valid_subset, cfg.data_dir)
     teacher = (
@@ -227,7 +248,6 @@ def _train(
         model_config = {**model_config, **{k: v for k, v in saved.items() if k not in model_config}}
     model = build_model(cfg.model, model_config)
     if hasattr(model, "prepare") and resume_path is None:  # ngram_lr: sub-word and idf tables
-        texts = list(train.input_ids) + list(train.input_ids2 or [])  # pairs: both sides
         facts = model.prepare(Vocab.load(io.join(cfg.data_dir, VOCAB_FILE)).tokens, texts)
         model_config = {**model_config, **model.saved_config_updates()}
         log.info("model %s prepared from the training data: %s", cfg.model, facts)
@@ -246,16 +266,16 @@ def _train(
         "model %s: %d parameters; %d train / %d valid samples",
         cfg.model,
         n_params,
-        len(train.input_ids),
-        len(valid.input_ids) if valid else 0,
+        len(data),
+        len(valid) if valid is not None else 0,
     )
     trainer = Trainer(
         model,
         cfg,
-        as_samples(train.input_ids, train.input_ids2),  # (input_ids, input_ids2) pairs
-        train.labels,
-        as_samples(valid.input_ids, valid.input_ids2) if valid else None,
-        valid.labels if valid else None,
+        data,
+        None,
+        valid,
+        valid_labels,
         model_name=cfg.model,
         model_config=model_config,
         assets_dir=cfg.data_dir,

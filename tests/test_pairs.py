@@ -148,7 +148,7 @@ def pipeline(request, data) -> dict:
 def test_prepro_writes_both_inputs(data):
     meta = json.loads((data["prepared"] / "meta.json").read_text())
     assert meta["pair_encoding"] == "separate"
-    shard = pd.read_parquet(data["prepared"] / "train" / "part-00000.parquet")
+    shard = pd.read_parquet(data["prepared"] / "train" / "part-00000-00000.parquet")
     assert {"input_ids", "input_ids2", "length", "length2"} <= set(shard.columns)
     pairs = read_tsv(data["pairs"] / "train.tsv")
     assert len(shard) == len(pairs) and set(pairs["label"]) == {"dup", "other"}

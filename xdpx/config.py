@@ -95,9 +95,10 @@ class PreproConfig(_Section):
     """``prepro``: raw files -> vocab, target map and Parquet shards of token ids."""
 
     data_source: str = Field("data/raw", description="Directory (or URL) holding the raw files.")
-    data_files: dict[str, str] = Field(
+    data_files: dict[str, str | list[str]] = Field(
         {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv"},
-        description="Split name -> file name under data_source. `train` is required.",
+        description="Split name -> file name under data_source, a glob (`train-*.tsv`) or a "
+        "list of them: the files of a split are read in sorted order. `train` is required.",
     )
     data_dir: str = Field("data/prepared", description="Output directory of the prepared data.")
     format: Literal["tsv", "csv", "jsonl"] = Field("tsv", description="Raw file format.")
@@ -142,11 +143,23 @@ class PreproConfig(_Section):
         False, description="Skip and count malformed lines instead of failing."
     )
     shard_size: int = Field(50_000, ge=1, description="Rows per Parquet shard.")
+    workers: int = Field(
+        1,
+        ge=1,
+        description="Processes that tokenize and encode chunks of rows (the output is the "
+        "same for any number).",
+    )
+    chunk_rows: int = Field(
+        10_000, ge=1, description="Rows read, encoded and handed to a worker at a time."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> PreproConfig:
         if "train" not in self.data_files:
             raise ValueError("data_files must contain a 'train' split")
+        for split, files in self.data_files.items():
+            if isinstance(files, list) and not files:
+                raise ValueError(f"data_files.{split}: an empty list (give a file or a glob)")
         if self.tokenizer == "hf" and not self.tokenizer_path:
             raise ValueError("tokenizer=hf needs tokenizer_path (a local tokenizer directory)")
         if self.nwords == 0 or self.nwords < -1:
@@ -174,6 +187,12 @@ class TrainConfig(_Section):
     )
     train_subset: str = Field("train", description="Split to train on.")
     valid_subset: str = Field("dev", description="Split used for eval_interval / early stopping.")
+    lazy_load: bool = Field(
+        False,
+        description="Read the train and valid splits one shard at a time (plus one read "
+        "ahead) instead of whole: memory does not grow with the corpus. Shard order by "
+        "(seed, epoch), rows by (seed, epoch, shard); one shard = the in-memory order.",
+    )
     model: ModelName = Field(
         "ngram_lr",
         description="ngram_lr (logistic regression over hashed TF-IDF n-grams), textcnn, bilstm, "
@@ -422,6 +441,11 @@ class TrainConfig(_Section):
     def _loss_and_schedule_options_agree(self) -> TrainConfig:
         if self.class_weight and self.distill_from:
             raise ValueError("class_weight applies to plain cross-entropy, not with distill_from")
+        if self.lazy_load and self.distill_from:
+            raise ValueError(
+                "distill_from needs the whole train split in memory (teacher logits are "
+                "aligned by row); set lazy_load=false"
+            )
         if self.warmup_steps and self.warmup_ratio:
             raise ValueError("set warmup_steps or warmup_ratio, not both")
         return self

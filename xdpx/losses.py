@@ -12,21 +12,20 @@ from xdpx import log as xlog
 from xdpx.distill import distill_loss
 
 
-def balanced_class_weight(labels: np.ndarray, num_labels: int) -> torch.Tensor:
+def balanced_class_weight(counts: np.ndarray) -> torch.Tensor:
     """``n / (num_labels * n_c)`` per class ``c`` with ``n_c`` training samples (0 for a class
     without any), scikit-learn's ``compute_class_weight("balanced")``: the weights of all
     samples sum to ``n``, so the loss keeps the scale of the unweighted one.
 
     Args:
-        labels: ``[n]`` class indices.
-        num_labels: number of classes.
+        counts: ``[num_labels]`` training samples per class (``np.bincount`` of the labels).
 
     Returns:
         ``[num_labels]`` float32.
     """
-    counts = np.bincount(labels, minlength=num_labels).astype(np.float64)
+    counts = np.asarray(counts, dtype=np.float64)
     weight = np.divide(
-        len(labels), num_labels * counts, out=np.zeros_like(counts), where=counts > 0
+        counts.sum(), len(counts) * counts, out=np.zeros_like(counts), where=counts > 0
     )
     return torch.as_tensor(weight, dtype=torch.float32)
 

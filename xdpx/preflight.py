@@ -77,15 +77,17 @@ def free_run_dir(path: str) -> str:
 
 
 def check_prepro(cfg: Any) -> Any:
-    """prepro: raw files, vocab/target-map files and the tokenizer exist; output reachable.
+    """prepro: raw files (globs match), vocab/target-map files and the tokenizer exist;
+    output reachable.
 
     Raises:
         FileNotFoundError: an input is missing (names ``prepro.<key>`` and the path).
         RemoteIOError: the output's object store did not answer (after retries).
     """
+    from xdpx.data.stream import expand_sources  # the data layer: no model code
+
     must_exist("prepro", "data_source", cfg.data_source)
-    for split, name in cfg.data_files.items():
-        must_exist("prepro", f"data_files.{split}", io.join(cfg.data_source, name))
+    expand_sources(cfg)  # every file exists, every glob matches
     for key in ("vocab_file", "target_map_file"):
         if getattr(cfg, key):
             must_exist("prepro", key, getattr(cfg, key))

@@ -29,6 +29,15 @@ def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(n)
 
 
+def shard_epoch_order(num_shards: int, seed: int, epoch: int) -> np.ndarray:
+    """Order of the shards in epoch ``epoch`` with ``train.lazy_load``: a permutation drawn
+    from ``(seed, epoch)`` (the identity for one shard). The rows inside shard ``s`` follow
+    a permutation drawn from ``(seed, epoch, s)`` (:mod:`xdpx.data.lazy`)."""
+    if num_shards == 1:
+        return np.zeros(1, dtype=np.int64)
+    return np.random.default_rng([seed, epoch]).permutation(num_shards)
+
+
 class ShardedOrder:
     """Seeded, rank-sharded epoch order (``set_epoch`` as ``DistributedSampler``'s).
 

@@ -43,8 +43,16 @@ from xdpx import log as xlog
 from xdpx.adversarial import FreeLB, rng_state, set_rng_state
 from xdpx.checkpoint import save_checkpoint
 from xdpx.config import TrainConfig
+from xdpx.data.lazy import InMemoryData, LazySplit, TrainData
 from xdpx.diagnosis import find_nonfinite
-from xdpx.inference import Batch, call_model, pad_batch, predict_probs_sharded, to_device
+from xdpx.inference import (
+    Batch,
+    as_samples,
+    call_model,
+    pad_batch,
+    predict_probs_sharded,
+    to_device,
+)
 from xdpx.losses import balanced_class_weight, training_loss
 from xdpx.metrics import classification_metrics
 from xdpx.models import with_default_learning_rate
@@ -74,9 +82,11 @@ class Trainer:
             a pair model (``input_names`` of two) maps ``(input_ids, input_ids2)``.
         cfg: the ``train`` section.
         train_seqs: training samples, one per example: int arrays of token ids, or
-            ``(input_ids, input_ids2)`` tuples for a pair model (``xdpx.inference.as_samples``).
-        train_labels: ``[n]`` class indices.
-        valid_seqs / valid_labels: validation split (None: no evaluation, best = last).
+            ``(input_ids, input_ids2)`` tuples for a pair model (``xdpx.inference.as_samples``);
+            or a :class:`~xdpx.data.lazy.TrainData` (``LazyData``: read shard by shard).
+        train_labels: ``[n]`` class indices (None with a ``TrainData``).
+        valid_seqs / valid_labels: validation split (None: no evaluation, best = last);
+            or a :class:`~xdpx.data.lazy.LazySplit` (scored shard by shard) and None.
         model_name / model_config: saved in each checkpoint's config.json.
         assets_dir: prepared data dir (vocab/target map/meta copied into checkpoints).
         pad_id: padding id.
@@ -101,9 +111,9 @@ class Trainer:
         self,
         model: nn.Module,
         cfg: TrainConfig,
-        train_seqs: list[np.ndarray],
-        train_labels: np.ndarray,
-        valid_seqs: list[np.ndarray] | None,
+        train_seqs: list[np.ndarray] | TrainData,
+        train_labels: np.ndarray | None,
+        valid_seqs: list[np.ndarray] | LazySplit | None,
         valid_labels: np.ndarray | None,
         model_name: str,
         model_config: dict[str, Any],
@@ -112,18 +122,20 @@ class Trainer:
         on_eval: Callable[[EvalEvent], None] | None = None,
         teacher_logits: np.ndarray | None = None,
     ) -> None:
-        if len(train_seqs) == 0:
+        if not isinstance(train_seqs, TrainData):
+            assert train_labels is not None
+            train_seqs = InMemoryData(train_seqs, train_labels, cfg.seed)
+        self.data = train_seqs
+        n = len(self.data)
+        if n == 0:
             raise ValueError("training split is empty")
-        if teacher_logits is not None and (
-            teacher_logits.ndim != 2 or len(teacher_logits) != len(train_seqs)
-        ):
+        if teacher_logits is not None and (teacher_logits.ndim != 2 or len(teacher_logits) != n):
             raise ValueError(
-                f"teacher_logits must be [{len(train_seqs)}, num_labels], got {teacher_logits.shape}"
+                f"teacher_logits must be [{n}, num_labels], got {teacher_logits.shape}"
             )
         self.cfg = cfg = with_default_learning_rate(cfg)
         # module: the bare model (eval, save, diagnose); model: DDP-wrapped under torchrun
         self.module, self.model, self.device, self.world_size, self.rank = place(model, cfg)
-        self.train_seqs, self.train_labels = train_seqs, np.asarray(train_labels, dtype=np.int64)
         self.valid_seqs, self.valid_labels = valid_seqs, valid_labels
         self.model_name, self.model_config = model_name, model_config
         self.assets_dir, self.pad_id = assets_dir, pad_id
@@ -131,9 +143,9 @@ class Trainer:
         self.is_main = self.rank == 0
         self.logs = RunLog(self.run, enabled=self.is_main)
         self.optimizer = build_optimizer(self.module, cfg)
-        self.sampler = ShardedOrder(len(train_seqs), cfg.seed, self.world_size, self.rank)
+        self.sampler = ShardedOrder(n, cfg.seed, self.world_size, self.rank)  # rank shares
         self.window_size = cfg.batch_size * cfg.update_freq * self.world_size
-        self.total_updates = total_updates(len(self.sampler), self.window_size, cfg)
+        self.total_updates = total_updates(n, self.window_size, cfg)
         self.scheduler = build_scheduler(self.optimizer, cfg, self.total_updates)
         self.amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(cfg.precision)
         self.scaler = torch.amp.GradScaler(
@@ -146,11 +158,11 @@ class Trainer:
         self.stop_reason: str | None = None  # message of a StopTraining raised by on_eval
         self.freelb = FreeLB.from_config(self.module, cfg, pad_id) if cfg.adv == "freelb" else None
         self._adv_rng = torch.Generator(device=self.device)  # FreeLB's delta_0
-        num_labels = self.model_config.get("num_labels") or int(self.train_labels.max()) + 1
+        num_labels = self.model_config.get("num_labels") or len(self.data.label_counts(0))
         self.class_weight = self.teacher_logits = None
         if cfg.class_weight == "balanced":
-            self.class_weight = balanced_class_weight(self.train_labels, int(num_labels))
-            self.class_weight = self.class_weight.to(self.device)
+            counts = self.data.label_counts(int(num_labels))
+            self.class_weight = balanced_class_weight(counts).to(self.device)
         if teacher_logits is not None:
             self.teacher_logits = torch.as_tensor(teacher_logits, dtype=torch.float32).to(
                 self.device
@@ -187,7 +199,7 @@ class Trainer:
         self.logs.push_live()  # remote save_dir: the final DVCLive files
         if self.world_size > 1:
             dist.barrier()
-        return TrainResult.of(st, self.save_dir, cfg.major_metric, self._wall(), len(self.sampler))
+        return TrainResult.of(st, self.save_dir, cfg.major_metric, self._wall(), len(self.data))
 
     def _loop(self, bar: Any, profiler: Any) -> None:
         """Epochs of update windows, evaluations, saves; ends with a final eval and save."""
@@ -200,10 +212,9 @@ class Trainer:
             or st.num_updates >= self.total_updates
         )
         while not done:
-            self.sampler.set_epoch(st.epoch)
-            order = self.sampler.order()
-            while st.epoch_pos < len(order) and not done:
-                window = order[st.epoch_pos : st.epoch_pos + self.window_size]
+            self.data.set_epoch(st.epoch)
+            while st.epoch_pos < len(self.data) and not done:
+                window = self.data.window(st.epoch_pos, self.window_size)
                 grad_norm, scale = self._update(window)
                 st.epoch_pos += len(window)
                 bar.update(1)
@@ -224,7 +235,7 @@ class Trainer:
                     done = self._eval_and_save(st.epoch) or done
                 elif cfg.save_interval and st.num_updates % cfg.save_interval == 0:
                     self._save(LAST, {"update": st.num_updates, "epoch": st.epoch}, full=True)
-            if st.epoch_pos >= len(order):  # epoch finished
+            if st.epoch_pos >= len(self.data):  # epoch finished
                 finished_epoch = st.epoch
                 st.epoch, st.epoch_pos = st.epoch + 1, 0
                 if (
@@ -343,8 +354,8 @@ class Trainer:
     def _batch(self, idx: np.ndarray) -> tuple[Batch, torch.Tensor]:
         """Padded inputs (a tuple for pairs, each input to its own width) and labels of ``idx``."""
         min_len = getattr(self.module, "min_len", 1)
-        x = pad_batch([self.train_seqs[i] for i in idx], self.pad_id, min_len)
-        return to_device(x, self.device), torch.from_numpy(self.train_labels[idx]).to(self.device)
+        x = pad_batch(self.data.samples(idx), self.pad_id, min_len)
+        return to_device(x, self.device), torch.from_numpy(self.data.labels(idx)).to(self.device)
 
     def _autocast(self) -> Any:
         enabled = self.amp_dtype is not None
@@ -384,10 +395,16 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         """Metrics of the current model on the validation split (``classification_metrics``);
         under DDP each rank scores its share and all return the same metrics."""
-        probs = predict_probs_sharded(
-            self.module, self.valid_seqs, 256, self.pad_id, self.device, self.rank, self.world_size
-        )
-        return classification_metrics(self.valid_labels, probs)
+        parts = [(self.valid_seqs, self.valid_labels)]
+        if isinstance(self.valid_seqs, LazySplit):  # shard by shard
+            parts = [(as_samples(d.input_ids, d.input_ids2), d.labels) for d in self.valid_seqs.iter_shards()]  # fmt: skip
+        probs = [
+            predict_probs_sharded(
+                self.module, x, 256, self.pad_id, self.device, self.rank, self.world_size
+            )  # fmt: skip
+            for x, _ in parts
+        ]
+        return classification_metrics(np.concatenate([y for _, y in parts]), np.concatenate(probs))
 
     def _eval_and_save(self, epoch: int) -> bool:
         """Evaluate, log, save last (+best); returns True when training should stop early."""
@@ -469,7 +486,9 @@ class Trainer:
             self.module, self.optimizer, self.scheduler, self.scaler,
         )  # fmt: skip
         self.resumed_from = path
+        self.data.set_epoch(self.state.epoch)
         log.info(
-            "resumed from %s: epoch %d, %d samples into it, update %d",
-            path, self.state.epoch, self.state.epoch_pos, self.state.num_updates,
+            "resumed from %s: epoch %d, %d samples into it (%s), update %d",
+            path, self.state.epoch, self.state.epoch_pos,
+            self.data.locate(self.state.epoch_pos), self.state.num_updates,
         )  # fmt: skip

@@ -26,12 +26,22 @@ class SplitMeta(BaseModel):
 
     rows: int = Field(ge=0)
     skipped: int = Field(0, ge=0, description="Bad lines skipped (prepro.skip_bad_lines).")
-    source: str | None = Field(None, description="The raw file it was read from.")
+    source: str | list[str] | None = Field(
+        None, description="The raw file it was read from (a list when several)."
+    )
     max_length_seen: int = Field(0, ge=0, description="Longest sequence before truncation.")
     truncated: int = Field(0, ge=0, description="Sequences cut to max_len.")
     has_labels: bool = True
     shards: int = Field(1, ge=0, description="Parquet shards written.")
     bad_lines: list[Any] = Field(default_factory=list)
+    shard_rows: dict[str, int] | None = Field(
+        None,
+        description="Shard file name (under the split's directory) -> rows, in reading "
+        "order; None in data prepared before it was recorded (the shards are listed).",
+    )
+    label_counts: list[int] | None = Field(
+        None, description="Examples per class index (labelled rows only)."
+    )
 
 
 class PreparedMeta(BaseModel):

@@ -12,14 +12,14 @@ import csv
 import io as _pyio
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from xdpx import io
 from xdpx.config import PreproConfig
 
-__all__ = ["DataError", "ReadResult", "read_examples", "MAX_BAD_LINES"]
+__all__ = ["DataError", "ReadResult", "read_examples", "iter_examples", "MAX_BAD_LINES"]
 
 logger = logging.getLogger(__name__)
 
@@ -79,16 +79,22 @@ class _Collector:
         has_label: bool,
         require_label: bool,
         allowed_labels: set[str] | None,
+        keep_rows: bool = True,
     ) -> None:
         self.path = path
         self.cfg = cfg
-        self.result = result
         self.has_label = has_label
         self.require_label = require_label
         self.allowed_labels = allowed_labels
-        if cfg.text2_column:
+        self.keep_rows = keep_rows
+        self.start(result)
+
+    def start(self, result: ReadResult) -> None:
+        """Append to ``result`` from now on (the next chunk of a streamed read)."""
+        self.result = result
+        if self.cfg.text2_column:
             result.texts2 = []
-        if has_label:
+        if self.has_label:
             result.labels = []
 
     def add(self, line: int, record: dict[str, Any], raw: dict[str, str]) -> None:
@@ -110,7 +116,8 @@ class _Collector:
                     f"label {label!r} (column {cfg.label_column!r}) is not in the target map {shown}"
                 )
         r = self.result
-        r.rows.append(raw)
+        if self.keep_rows:
+            r.rows.append(raw)
         r.texts.append(text)
         if r.texts2 is not None:
             r.texts2.append(text2 or "")
@@ -209,14 +216,51 @@ def _delimited_records(path: str, cfg: PreproConfig) -> Iterator[tuple[int, list
             yield start, fields, ""
 
 
+class _Chunks:
+    """The chunk being filled by a streamed read: the collector appends to ``current``,
+    malformed lines are counted in it (or raised), and the reader yields it when full."""
+
+    def __init__(self, path: str, cfg: PreproConfig, chunk_rows: int, keep_rows: bool) -> None:
+        self.path, self.cfg, self.chunk_rows, self.keep_rows = path, cfg, chunk_rows, keep_rows
+        self.current = ReadResult()
+        self.collector: _Collector | None = None
+        self.columns: list[str] = []
+
+    def collector_for(
+        self, has_label: bool, require_label: bool, allowed_labels: set[str] | None
+    ) -> _Collector:
+        self.collector = _Collector(
+            self.path, self.cfg, self.current, has_label, require_label, allowed_labels,
+            self.keep_rows,
+        )  # fmt: skip
+        return self.collector
+
+    def on_bad(self, line: int, reason: str) -> None:
+        msg = f"{self.path}:{line}: {reason}"
+        if not self.cfg.skip_bad_lines:
+            raise DataError(msg)
+        self.current.skipped += 1
+        self.current.bad_lines.append(msg)
+
+    def full(self) -> bool:
+        return len(self.current) >= self.chunk_rows
+
+    def take(self) -> ReadResult:
+        """The filled chunk (with ``columns``); the collector goes on in a fresh one."""
+        chunk, self.current = self.current, ReadResult()
+        chunk.columns = list(self.columns)
+        if self.collector is not None:
+            self.collector.start(self.current)
+        return chunk
+
+
 def _read_delimited(
     path: str,
     cfg: PreproConfig,
     require_label: bool,
     allowed_labels: set[str] | None,
-    result: ReadResult,
-    on_bad: Any,
-) -> None:
+    out: _Chunks,
+) -> Iterator[ReadResult]:
     kind = "tab-separated" if cfg.format == "tsv" else "comma-separated"
     records = _delimited_records(path, cfg)
     collector: _Collector | None = None
@@ -230,8 +274,8 @@ def _read_delimited(
             raise DataError(f"{path}:1: bad header row: {error}")
         header = [h.strip() for h in header]
         has_label = _check_header(path, header, cfg, require_label)
-        columns = header
-        collector = _Collector(path, cfg, result, has_label, require_label, allowed_labels)
+        columns = out.columns = header
+        collector = out.collector_for(has_label, require_label, allowed_labels)
     for line, fields, error in records:
         try:
             if fields is None:
@@ -245,9 +289,9 @@ def _read_delimited(
                         f"expected {want} {kind} columns "
                         f"({', '.join(_default_columns(cfg, True))}), got {len(fields)}"
                     )
-                columns = _default_columns(cfg, len(fields) == n_text + 1)
-                collector = _Collector(
-                    path, cfg, result, len(fields) == n_text + 1, require_label, allowed_labels
+                columns = out.columns = _default_columns(cfg, len(fields) == n_text + 1)
+                collector = out.collector_for(
+                    len(fields) == n_text + 1, require_label, allowed_labels
                 )
             if len(fields) != len(columns):
                 raise _LineError(
@@ -258,8 +302,10 @@ def _read_delimited(
             assert collector is not None
             collector.add(line, record, record)
         except _LineError as e:
-            on_bad(line, str(e))
-    result.columns = list(columns or _default_columns(cfg, require_label))
+            out.on_bad(line, str(e))
+        if out.full():
+            yield out.take()
+    out.columns = list(columns or _default_columns(cfg, require_label))
 
 
 def _read_jsonl(
@@ -267,9 +313,8 @@ def _read_jsonl(
     cfg: PreproConfig,
     require_label: bool,
     allowed_labels: set[str] | None,
-    result: ReadResult,
-    on_bad: Any,
-) -> None:
+    out: _Chunks,
+) -> Iterator[ReadResult]:
     collector: _Collector | None = None
     columns: dict[str, None] = {}
     for line, text in enumerate(_open_lines(path), start=1):
@@ -288,7 +333,7 @@ def _read_jsonl(
                     raise _LineError(f"missing key {key!r}; keys found: {list(obj)}")
             if collector is None:  # the first object decides whether labels are present
                 has_label = require_label or cfg.label_column in obj
-                collector = _Collector(path, cfg, result, has_label, require_label, allowed_labels)
+                collector = out.collector_for(has_label, require_label, allowed_labels)
             if collector.has_label and cfg.label_column not in obj:
                 raise _LineError(f"missing key {cfg.label_column!r}; keys found: {list(obj)}")
             raw = {
@@ -297,9 +342,76 @@ def _read_jsonl(
             }
             collector.add(line, obj, raw)
             columns.update(dict.fromkeys(obj))
+            out.columns = list(columns)
         except _LineError as e:
-            on_bad(line, str(e))
-    result.columns = list(columns) or _default_columns(cfg, require_label)
+            out.on_bad(line, str(e))
+        if out.full():
+            yield out.take()
+    out.columns = list(columns) or _default_columns(cfg, require_label)
+
+
+def iter_examples(
+    path: str,
+    cfg: PreproConfig,
+    require_label: bool = True,
+    allowed_labels: set[str] | None = None,
+    chunk_rows: int = 10_000,
+    keep_rows: bool = False,
+) -> Iterator[ReadResult]:
+    """Read one raw file as a stream of chunks of at most ``chunk_rows`` kept examples.
+
+    Memory holds one chunk, whatever the file size. Each chunk is a :class:`ReadResult`
+    with the lines kept since the previous one (``line_numbers`` are the file's), the
+    lines skipped among them (``skipped``, and every skip reason in ``bad_lines``) and
+    the file's ``columns`` so far; the last chunk may be empty (it carries the final
+    ``columns`` and trailing skips). Concatenating the chunks gives
+    :func:`read_examples`' result (which keeps only the first :data:`MAX_BAD_LINES`
+    reasons).
+
+    Args:
+        path, cfg, require_label, allowed_labels: as :func:`read_examples`.
+        chunk_rows: kept examples per chunk (>= 1).
+        keep_rows: keep each line's original columns in ``rows`` (predict writes them
+            back out); off by default to save memory.
+
+    Raises:
+        DataError: as :func:`read_examples`, at the line where it happens (the chunks
+            before it have been yielded).
+    """
+    if not io.isfile(path):
+        raise DataError(f"{path}: file not found")
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    out = _Chunks(path, cfg, chunk_rows, keep_rows)
+    read = _read_jsonl if cfg.format == "jsonl" else _read_delimited
+    yield from read(path, cfg, require_label, allowed_labels, out)
+    last = out.take()
+    if last.texts2 is None and cfg.text2_column:
+        last.texts2 = []
+    if last.labels is None and require_label:
+        last.labels = []
+    yield last
+
+
+def concat_results(chunks: Iterable[ReadResult]) -> ReadResult:
+    """One :class:`ReadResult` from consecutive chunks of a file (:func:`iter_examples`);
+    ``bad_lines`` keeps the first :data:`MAX_BAD_LINES` reasons."""
+    result = ReadResult()
+    for chunk in chunks:
+        result.rows.extend(chunk.rows)
+        result.columns = chunk.columns
+        result.texts.extend(chunk.texts)
+        if chunk.texts2 is not None:
+            result.texts2 = result.texts2 or []
+            result.texts2.extend(chunk.texts2)
+        if chunk.labels is not None:
+            result.labels = result.labels or []
+            result.labels.extend(chunk.labels)
+        result.line_numbers.extend(chunk.line_numbers)
+        result.skipped += chunk.skipped
+        room = MAX_BAD_LINES - len(result.bad_lines)
+        result.bad_lines.extend(chunk.bad_lines[: max(room, 0)])
+    return result
 
 
 def read_examples(
@@ -308,12 +420,13 @@ def read_examples(
     require_label: bool = True,
     allowed_labels: set[str] | None = None,
 ) -> ReadResult:
-    """Read one raw file in ``cfg.format`` (tsv, csv or jsonl).
+    """Read one raw file in ``cfg.format`` (tsv, csv or jsonl) into memory.
 
     tsv is split on tabs with no quoting (texts may contain ``"``); csv uses the
     standard csv quoting; jsonl has one JSON object per line with the keys
     ``cfg.text_column`` / ``cfg.text2_column`` / ``cfg.label_column``. Without
-    ``cfg.header`` the tsv/csv columns are ``text[, text2], label``.
+    ``cfg.header`` the tsv/csv columns are ``text[, text2], label``. For files larger
+    than memory use :func:`iter_examples` (the same reader, chunk by chunk).
 
     Args:
         path: local path or fsspec URL of the file (utf-8, optional BOM).
@@ -332,27 +445,10 @@ def read_examples(
             column (always fatal); a malformed line (``"path:line: reason"``) unless
             ``cfg.skip_bad_lines``.
     """
-    if not io.isfile(path):
-        raise DataError(f"{path}: file not found")
-    result = ReadResult()
-
-    def on_bad(line: int, reason: str) -> None:
-        msg = f"{path}:{line}: {reason}"
-        if not cfg.skip_bad_lines:
-            raise DataError(msg)
-        result.skipped += 1
-        if len(result.bad_lines) < MAX_BAD_LINES:
-            result.bad_lines.append(msg)
-            logger.warning("skipping bad line %s", msg)
-
-    if cfg.format == "jsonl":
-        _read_jsonl(path, cfg, require_label, allowed_labels, result, on_bad)
-    else:
-        _read_delimited(path, cfg, require_label, allowed_labels, result, on_bad)
-    if result.texts2 is None and cfg.text2_column:
-        result.texts2 = []
-    if result.labels is None and require_label:
-        result.labels = []
+    chunks = iter_examples(path, cfg, require_label, allowed_labels, 1 << 62, keep_rows=True)
+    result = concat_results(chunks)
+    for msg in result.bad_lines:
+        logger.warning("skipping bad line %s", msg)
     if result.skipped > len(result.bad_lines):
         logger.warning("%s: skipped %d bad lines in all", path, result.skipped)
     return result

@@ -1,7 +1,9 @@
-"""Parquet shards of token ids: ``{data_dir}/{split}/part-00000.parquet``, ...
+"""Parquet shards of token ids: ``{data_dir}/{split}/part-00000-00000.parquet``, ...
 
-Columns: ``id`` int64 (0-based index of the example among the kept rows of its source
-file), ``input_ids`` list<int32>, ``length`` int32, ``label`` int32 (-1 = unlabelled) and,
+prepro writes ``part-{file:05d}-{k:05d}.parquet``: shard ``k`` of the split's raw file
+number ``file`` (:mod:`xdpx.data.stream`), and records each shard's rows in meta.json
+(``shard_rows``, the reading order). Columns: ``id`` int64 (0-based index of the example
+among the kept rows of its source file), ``input_ids`` list<int32>, ``length`` int32, ``label`` int32 (-1 = unlabelled) and,
 for pair tasks encoded separately, ``input_ids2`` list<int32> and ``length2`` int32.
 """
 
@@ -17,7 +19,17 @@ import pyarrow.parquet as pq
 from xdpx import io
 from xdpx.data.readers import DataError
 
-__all__ = ["SplitData", "shard_path", "write_split", "load_split", "list_splits", "NO_LABEL"]
+__all__ = [
+    "SplitData",
+    "shard_path",
+    "shard_schema",
+    "write_split",
+    "load_split",
+    "read_shard",
+    "split_shards",
+    "list_splits",
+    "NO_LABEL",
+]
 
 #: ``label`` value of an example without a label.
 NO_LABEL = -1
@@ -72,7 +84,8 @@ def _list_array(seqs: Sequence[Sequence[int]]) -> pa.Array:
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, type=pa.int32()))
 
 
-def _schema(pair: bool) -> pa.Schema:
+def shard_schema(pair: bool) -> pa.Schema:
+    """The Arrow schema of a shard (``pair``: with ``input_ids2`` / ``length2``)."""
     fields = [
         ("id", pa.int64()),
         ("input_ids", _IDS),
@@ -125,7 +138,7 @@ def write_split(
         if labels is None
         else np.asarray(labels, dtype=np.int32)
     )
-    schema = _schema(input_ids2 is not None)
+    schema = shard_schema(input_ids2 is not None)
     paths: list[str] = []
     for k, start in enumerate(range(0, max(n, 1), shard_size)):
         stop = min(start + shard_size, n)
@@ -164,22 +177,34 @@ def _to_arrays(col: pa.ChunkedArray) -> list[np.ndarray]:
     return np.split(values, offsets[1:-1] - offsets[0]) if len(arr) else []
 
 
-def load_split(data_dir: str, split: str) -> SplitData:
-    """Read all shards of ``split`` (in order) into memory.
+def split_shards(data_dir: str, split: str) -> list[tuple[str, int | None]]:
+    """The shards of ``split`` in reading order, each with its row count: from meta.json's
+    ``shard_rows`` (prepro records them), else listed (rows None: data prepared before).
 
     Raises:
         DataError: the split has no shards (names the splits that exist).
     """
+    from xdpx.data.meta import PreparedMeta
+
+    meta = PreparedMeta.read(data_dir) if io.exists(PreparedMeta.path_in(data_dir)) else None
+    entry = meta.splits.get(split) if meta is not None else None
+    if entry is not None and entry.shard_rows is not None:
+        return [(io.join(data_dir, split, name), n) for name, n in entry.shard_rows.items()]
     paths = io.glob(io.join(data_dir, split, "part-*.parquet"))
     if not paths:
         raise DataError(
             f"{data_dir}: no prepared split {split!r} (found: {list_splits(data_dir) or 'none'})"
         )
-    tables = []
-    for path in paths:
-        with io.open(path, "rb") as f:
-            tables.append(pq.read_table(f))
-    table = pa.concat_tables(tables)
+    return [(p, None) for p in paths]
+
+
+def read_shard(path: str) -> SplitData:
+    """One shard file in memory (``id`` as written: the row's index in its raw file)."""
+    with io.open(path, "rb") as f:
+        return _split_data(pq.read_table(f))
+
+
+def _split_data(table: pa.Table) -> SplitData:
     pair = "input_ids2" in table.column_names
     return SplitData(
         ids=table.column("id").to_numpy().astype(np.int64),
@@ -187,3 +212,16 @@ def load_split(data_dir: str, split: str) -> SplitData:
         labels=table.column("label").to_numpy().astype(np.int64),
         input_ids2=_to_arrays(table.column("input_ids2")) if pair else None,
     )
+
+
+def load_split(data_dir: str, split: str) -> SplitData:
+    """Read all shards of ``split`` (in order) into memory.
+
+    Raises:
+        DataError: the split has no shards (names the splits that exist).
+    """
+    tables = []
+    for path, _ in split_shards(data_dir, split):
+        with io.open(path, "rb") as f:
+            tables.append(pq.read_table(f))
+    return _split_data(pa.concat_tables(tables))

@@ -1,0 +1,274 @@
+"""Training data in memory or read one shard at a time (``train.lazy_load``).
+
+The Trainer asks a :class:`TrainData` for the window of update ``u`` (global sample ids:
+the position of a sample among the rows of its split, shards in reading order) and for the
+samples and labels of a list of ids. :class:`InMemoryData` holds the split as
+``load_split`` gives it; :class:`LazyData` holds at most the shards the current window
+touches plus the next one of the epoch, read in a background thread (it hides the latency
+of an object store), whatever the corpus size.
+
+Order of an epoch with ``lazy_load`` (:func:`xdpx.sampling.shard_epoch_order`): the shards
+in an order drawn from ``(seed, epoch)``, and the rows of each shard in an order drawn from
+``(seed, epoch, shard)``; every epoch, the first one included (XDPX kept the first epoch
+in file order so training could start while prepro still wrote shards; xdpx does not
+train on a split that is still being written, so nothing is gained by leaving the first
+epoch unshuffled, and raw files sorted by date or label would bias it). A split of one
+shard gets exactly the in-memory order, so ``lazy_load`` on and off train the same model.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from xdpx import io
+from xdpx.data.shards import SplitData, read_shard, split_shards
+from xdpx.sampling import epoch_order, shard_epoch_order
+
+__all__ = ["TrainData", "InMemoryData", "LazyData", "LazySplit"]
+
+
+def _samples(data: SplitData) -> list[Any]:
+    if data.input_ids2 is None:
+        return list(data.input_ids)
+    return list(zip(data.input_ids, data.input_ids2, strict=True))
+
+
+class TrainData:
+    """The training split as the Trainer reads it (see the module docstring).
+
+    Attributes:
+        n: samples in the split.
+    """
+
+    n: int
+
+    def __len__(self) -> int:
+        return self.n
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the order of ``epoch`` (1-based)."""
+        raise NotImplementedError
+
+    def window(self, pos: int, size: int) -> np.ndarray:
+        """``[<= size]`` int64 global ids at positions ``pos .. pos + size`` of the epoch order."""
+        raise NotImplementedError
+
+    def samples(self, ids: np.ndarray) -> list[Any]:
+        """The samples of ``ids``: id arrays, or ``(input_ids, input_ids2)`` for pairs."""
+        raise NotImplementedError
+
+    def labels(self, ids: np.ndarray) -> np.ndarray:
+        """``[len(ids)]`` int64 class indices."""
+        raise NotImplementedError
+
+    def label_counts(self, num_labels: int) -> np.ndarray:
+        """``[num_labels]`` examples per class in the whole split."""
+        raise NotImplementedError
+
+    def locate(self, pos: int) -> str:
+        """Where position ``pos`` of the current epoch is, for the log."""
+        return f"sample {pos} of the epoch"
+
+
+class InMemoryData(TrainData):
+    """The whole split in memory; the epoch order is :func:`xdpx.sampling.epoch_order`.
+
+    Args:
+        samples: ``n`` samples (``xdpx.inference.as_samples``).
+        labels: ``[n]`` class indices.
+        seed: ``train.seed``.
+    """
+
+    def __init__(self, samples: list[Any], labels: np.ndarray, seed: int) -> None:
+        self._samples, self._labels = samples, np.asarray(labels, dtype=np.int64)
+        self.n, self.seed = len(samples), seed
+        self._order: np.ndarray | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self._order = epoch_order(self.n, self.seed, epoch)
+
+    def window(self, pos: int, size: int) -> np.ndarray:
+        assert self._order is not None, "set_epoch first"
+        return self._order[pos : pos + size]
+
+    def samples(self, ids: np.ndarray) -> list[Any]:
+        return [self._samples[i] for i in ids]
+
+    def labels(self, ids: np.ndarray) -> np.ndarray:
+        return self._labels[ids]
+
+    def label_counts(self, num_labels: int) -> np.ndarray:
+        return np.bincount(self._labels, minlength=num_labels)
+
+    @property
+    def all_labels(self) -> np.ndarray:
+        """``[n]`` labels of the whole split."""
+        return self._labels
+
+
+class LazySplit:
+    """A prepared split read one shard at a time, with a one-shard read-ahead.
+
+    Args:
+        data_dir: the prepared data directory (local or URL).
+        split: the split name.
+
+    Raises:
+        DataError: the split has no shards.
+    """
+
+    def __init__(self, data_dir: str, split: str) -> None:
+        self.data_dir, self.split = data_dir, split
+        shards = split_shards(data_dir, split)
+        self.paths = [p for p, _ in shards]
+        self.rows = np.array(
+            [n if n is not None else _num_rows(p) for p, n in shards], dtype=np.int64
+        )
+        self.offsets = np.concatenate([[0], np.cumsum(self.rows)])
+        self.n = int(self.offsets[-1])
+        self._cache: dict[int, Future[SplitData]] = {}
+        self._lock = threading.Lock()
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="xdpx-shard-read")
+
+    def __len__(self) -> int:
+        return self.n
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.paths)
+
+    def shard(self, k: int) -> SplitData:
+        """Shard ``k`` (read now unless already read or being read ahead)."""
+        return self._future(k).result()
+
+    def read_ahead(self, k: int) -> None:
+        """Start reading shard ``k`` in the background."""
+        self._future(k)
+
+    def keep(self, shards: set[int]) -> None:
+        """Drop every cached shard not in ``shards`` (memory: what is kept)."""
+        with self._lock:
+            for k in [k for k in self._cache if k not in shards]:
+                del self._cache[k]
+
+    def _future(self, k: int) -> Future[SplitData]:
+        with self._lock:
+            if k not in self._cache:
+                self._cache[k] = self._reader.submit(read_shard, self.paths[k])
+            return self._cache[k]
+
+    def iter_shards(self) -> Iterator[SplitData]:
+        """Every shard in reading order (each read while the previous one is used)."""
+        for k in range(self.num_shards):
+            if k + 1 < self.num_shards:
+                self.read_ahead(k + 1)
+            yield self.shard(k)
+            self.keep({k + 1})
+        self.keep(set())
+
+    def close(self) -> None:
+        self.keep(set())
+        self._reader.shutdown(wait=True)
+
+
+def _num_rows(path: str) -> int:
+    with io.open(path, "rb") as f:
+        return pq.ParquetFile(f).metadata.num_rows
+
+
+class LazyData(TrainData):
+    """The training split read shard by shard (``train.lazy_load: true``).
+
+    Args:
+        split: the split.
+        seed: ``train.seed``.
+        label_counts: ``[num_labels]`` examples per class (meta.json), or None to count them
+            by reading the split once when asked.
+    """
+
+    def __init__(self, split: LazySplit, seed: int, label_counts: list[int] | None = None):
+        self.split, self.seed, self.n = split, seed, split.n
+        self._label_counts = label_counts
+        self.epoch = 0
+        self._shard_order = np.arange(split.num_shards)
+        self._starts = split.offsets
+        self._rows: dict[int, np.ndarray] = {}  # shard -> its row order this epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch == self.epoch:
+            return
+        self.epoch = epoch
+        self._shard_order = shard_epoch_order(self.split.num_shards, self.seed, epoch)
+        rows = self.split.rows[self._shard_order]
+        self._starts = np.concatenate([[0], np.cumsum(rows)])
+        self._rows = {}
+
+    def _row_order(self, shard: int) -> np.ndarray:
+        """The order of the rows of ``shard`` this epoch (kept while the shard is in use)."""
+        if shard not in self._rows:
+            n = int(self.split.rows[shard])
+            if self.split.num_shards == 1:  # the in-memory order (module docstring)
+                self._rows[shard] = epoch_order(n, self.seed, self.epoch)
+            else:
+                self._rows[shard] = np.random.default_rng(
+                    [self.seed, self.epoch, shard]
+                ).permutation(n)
+        return self._rows[shard]
+
+    def window(self, pos: int, size: int) -> np.ndarray:
+        stop = min(pos + size, self.n)
+        j = int(np.searchsorted(self._starts, pos, side="right")) - 1
+        parts: list[np.ndarray] = []
+        touched: list[int] = []
+        while pos < stop:
+            shard = int(self._shard_order[j])
+            lo, hi = pos - self._starts[j], min(stop, self._starts[j + 1]) - self._starts[j]
+            parts.append(self.split.offsets[shard] + self._row_order(shard)[lo:hi])
+            touched.append(shard)
+            pos = int(self._starts[j] + hi)
+            j += 1
+        keep = set(touched)
+        if j < len(self._shard_order):  # the shard after the last one touched: read ahead
+            keep.add(int(self._shard_order[j]))
+            self.split.read_ahead(int(self._shard_order[j]))
+        self._rows = {k: v for k, v in self._rows.items() if k in keep}
+        self.split.keep(keep)
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    def _gather(self, ids: np.ndarray) -> list[tuple[SplitData, int]]:
+        shard = np.searchsorted(self.split.offsets, ids, side="right") - 1
+        return [
+            (self.split.shard(int(s)), int(i - self.split.offsets[s]))
+            for s, i in zip(shard, ids, strict=True)
+        ]
+
+    def samples(self, ids: np.ndarray) -> list[Any]:
+        out = []
+        for data, i in self._gather(ids):
+            x = data.input_ids[i]
+            out.append(x if data.input_ids2 is None else (x, data.input_ids2[i]))
+        return out
+
+    def labels(self, ids: np.ndarray) -> np.ndarray:
+        return np.array([d.labels[i] for d, i in self._gather(ids)], dtype=np.int64)
+
+    def label_counts(self, num_labels: int) -> np.ndarray:
+        if self._label_counts is None:
+            counts = np.zeros(num_labels, dtype=np.int64)
+            for data in self.split.iter_shards():
+                counts += np.bincount(data.labels[data.labels >= 0], minlength=num_labels)
+            self._label_counts = counts.tolist()
+        return np.asarray(self._label_counts, dtype=np.int64)
+
+    def locate(self, pos: int) -> str:
+        j = int(np.searchsorted(self._starts, pos, side="right")) - 1
+        if j >= len(self._shard_order):
+            return "the end of the epoch"
+        shard = int(self._shard_order[j])
+        return f"shard {shard} ({j + 1}th of the epoch), row {pos - self._starts[j]} of it"
