@@ -12,13 +12,15 @@ from __future__ import annotations
 import json
 import logging
 
+import numpy as np
 import pandas as pd
 from pydantic import BaseModel
 
 from xdpx import io
 from xdpx.checkpoint import check_reader, load_checkpoint
 from xdpx.config import EvaluateConfig
-from xdpx.data import TARGET_MAP_FILE, load_split
+from xdpx.data import TARGET_MAP_FILE
+from xdpx.data.lazy import LazySplit
 from xdpx.inference import as_samples, predict_probs
 from xdpx.metrics import METRIC_DIRECTIONS, classification_metrics, confusion_matrix
 from xdpx.rundir import RunDir, of_checkpoint
@@ -61,12 +63,20 @@ def run(cfg: EvaluateConfig) -> EvaluateResult:
     pad_id = ckpt.model_config.get("pad_id", 0)
     metrics: dict[str, dict[str, float]] = {}
     cm = None
-    for split in cfg.splits:
-        data = load_split(cfg.data_dir, split)
-        samples = as_samples(data.input_ids, data.input_ids2)
-        probs = predict_probs(ckpt.model, samples, cfg.batch_size, pad_id)
-        metrics[split] = classification_metrics(data.labels, probs)
-        cm = confusion_matrix(data.labels, probs.argmax(1), labels=list(range(len(ckpt_labels))))
+    for split in cfg.splits:  # shard by shard: memory holds one shard's inputs
+        parts = [
+            (
+                predict_probs(
+                    ckpt.model, as_samples(d.input_ids, d.input_ids2), cfg.batch_size, pad_id
+                ),
+                d.labels,
+            )  # fmt: skip
+            for d in LazySplit(cfg.data_dir, split).iter_shards()
+        ]
+        probs = np.concatenate([p for p, _ in parts])
+        y = np.concatenate([y for _, y in parts])
+        metrics[split] = classification_metrics(y, probs)
+        cm = confusion_matrix(y, probs.argmax(1), labels=list(range(len(ckpt_labels))))
         log.info("%s: %s", split, {k: round(v, 4) for k, v in metrics[split].items()})
     io.write_text(cfg.metrics_file, json.dumps(metrics, indent=2) + "\n")
     if cm is not None:

@@ -12,6 +12,7 @@ and the text column(s) first, csv quoting, and ``prob_<label>`` plus
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -19,6 +20,7 @@ from xdpx import io
 from xdpx.checkpoint import check_reader, load_checkpoint
 from xdpx.config import PredictConfig, PreproConfig
 from xdpx.data import DataError, Encoder, PreparedMeta, read_examples
+from xdpx.data.readers import iter_examples
 from xdpx.distill import teacher_rows
 from xdpx.inference import as_samples, format_probs, predict_logits, probs_from_logits
 from xdpx.stage import stage_main
@@ -53,6 +55,10 @@ def run(cfg: PredictConfig) -> PredictResult:
     ckpt = load_checkpoint(cfg.checkpoint)
     prepro = PreproConfig(**PreparedMeta.read(ckpt.path).prepro)
     encoder = Encoder.from_dir(ckpt.path)
+    if not cfg.distill and not (cfg.concat_origin and prepro.format == "jsonl"):
+        return _predict_stream(cfg, ckpt, prepro, encoder)
+    # the teacher file numbers rows and jsonl's columns are the keys of the whole file:
+    # these two read the file whole
     data = read_examples(cfg.data_file, prepro, require_label=False)
     if len(data.texts) == 0:
         raise DataError(f"{cfg.data_file}: no rows to predict")
@@ -91,6 +97,43 @@ def run(cfg: PredictConfig) -> PredictResult:
     return PredictResult(
         out_file=cfg.out_file, rows=len(probs), skipped=data.skipped, label_counts=counts
     )
+
+
+def _predict_stream(
+    cfg: PredictConfig, ckpt: Any, prepro: PreproConfig, encoder: Encoder
+) -> PredictResult:
+    """The TSV output, chunk by chunk: memory holds ``prepro.chunk_rows`` rows, not the file."""
+    labels = encoder.labels
+    counts = dict.fromkeys(labels, 0)
+    rows = skipped = 0
+    chunks = iter_examples(
+        cfg.data_file, prepro, False, None, prepro.chunk_rows, keep_rows=cfg.concat_origin
+    )
+    with io.open_atomic(cfg.out_file, "w") as f:
+        for k, data in enumerate(chunks):
+            skipped += data.skipped
+            if k == 0 and cfg.header:
+                origin = list(data.columns) if cfg.concat_origin else []
+                f.write("\t".join(origin + ["pred_label"] + [f"prob_{lab}" for lab in labels]))
+                f.write("\n")
+            if not len(data):
+                continue
+            seqs = as_samples(*encoder.encode_inputs(data.texts, data.texts2))
+            probs = probs_from_logits(
+                predict_logits(ckpt.model, seqs, cfg.batch_size, encoder.pad_id)
+            )
+            for i, p in enumerate(probs):
+                pred = labels[int(p.argmax())]
+                counts[pred] += 1
+                origin = (
+                    [data.rows[i].get(c, "") for c in data.columns] if cfg.concat_origin else []
+                )
+                f.write("\t".join(origin + [pred] + format_probs(p)) + "\n")
+            rows += len(probs)
+        if not rows:
+            raise DataError(f"{cfg.data_file}: no rows to predict")
+    log.info("predicted %d rows -> %s (%s)", rows, cfg.out_file, counts)
+    return PredictResult(out_file=cfg.out_file, rows=rows, skipped=skipped, label_counts=counts)
 
 
 def main(argv: list[str] | None = None) -> PredictResult:
