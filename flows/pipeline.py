@@ -151,11 +151,56 @@ def _stage_task(name: str):
 STAGE_TASKS = {name: _stage_task(name) for name in STAGES}
 
 
+@task(
+    name="prepro-file",
+    task_run_name="prepro {job.label}",
+    cache_policy=NO_CACHE,
+    retries=len(IO_RETRY_DELAYS),
+    retry_delay_seconds=list(IO_RETRY_DELAYS),
+    retry_condition_fn=_retry_on_remote_io,
+)
+def prepro_file(job: Any) -> Any:
+    """One raw file's pass of prepro (``stages.prepro.CountJob`` / ``EncodeJob``), run
+    wherever the flow's task runner puts it (a Dask worker: its chunks in that process)."""
+    from stages.prepro import do_job
+
+    try:
+        return do_job(job)
+    except Exception as e:
+        raise StageError.wrap("prepro", e) from e
+
+
+def _prepro_mapped(cfg: Any, delays: list[float]) -> dict:
+    """prepro with its per-file work mapped as ``prepro-file`` task runs on the flow's task
+    runner; the rest (tokenizer choice, vocab, meta.json) runs here, in the flow."""
+    from prefect.context import FlowRunContext
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    file_task = prepro_file.with_options(retries=len(delays), retry_delay_seconds=delays or 0)
+
+    def mapper(jobs: list[Any]) -> list[Any]:
+        return file_task.map(jobs).result()
+
+    # Dask workers get the flow's settings; on the ephemeral server they would otherwise
+    # each start their own server: point them at this flow's.
+    api = str(FlowRunContext.get().client.api_url).rstrip("/")
+    with temporary_settings({PREFECT_API_URL: api}):
+        try:
+            result = STAGES["prepro"].run(cfg, mapper=mapper)
+        except StageError:
+            raise
+        except Exception as e:
+            raise StageError.wrap("prepro", e) from e
+    get_run_logger().info("prepro done: %s", _result_dict(result))
+    return _result_dict(result)
+
+
 @flow(name="xdpx-pipeline", log_prints=True)
 def xdpx_pipeline(
     params: str = "params.yaml",
     overrides: list[str] | None = None,
     io_retry_delays: tuple[float, ...] = IO_RETRY_DELAYS,
+    prepro_tasks: bool = False,
 ) -> dict[str, dict]:
     """Run every stage in DAG order with ``params`` plus ``section.key=value`` overrides.
 
@@ -164,6 +209,9 @@ def xdpx_pipeline(
         overrides: ``section.key=value`` strings applied after the file.
         io_retry_delays: seconds to wait before each retry of a stage that failed with
             RemoteIOError (one retry per entry; empty: no retries).
+        prepro_tasks: map prepro's per-file work (a counting pass per train file, an
+            encoding pass per raw file) as ``prepro-file`` task runs on the flow's task
+            runner, e.g. a Dask cluster (:func:`with_dask`); False: one ``prepro`` task.
 
     Returns:
         stage name -> that stage's result as a dict.
@@ -179,22 +227,54 @@ def xdpx_pipeline(
         stage_task = STAGE_TASKS[name].with_options(
             retries=len(delays), retry_delay_seconds=delays or 0
         )
+        if name == "prepro" and prepro_tasks:
+            results[name] = _prepro_mapped(cfg.prepro, delays)
+            continue
         results[name] = stage_task(cfg)
     return results
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``python -m flows.pipeline [--params params.yaml] [section.key=value ...]``.
-
-    Exits with status 2 and a one-line ``error: ...`` when the config is bad or a
-    stage fails (the Prefect logs hold the traceback).
+def with_dask(address: str | None = None, n_workers: int = 2) -> Any:
+    """``xdpx_pipeline`` with prefect-dask's ``DaskTaskRunner``: on the Dask scheduler at
+    ``address`` (``tcp://host:8786``: workers on other machines), or on a local cluster of
+    ``n_workers`` single-threaded worker processes. Run it with ``prepro_tasks=True`` to
+    spread prepro over the workers; with several machines, ``prepro.data_dir`` and the raw
+    files must be on storage they all reach (``oss://``, ``s3://``, a shared disk).
     """
-    argv = sys.argv[1:] if argv is None else argv
-    params = "params.yaml"
-    if argv[:1] in (["--params"], ["-p"]):
-        params, argv = argv[1], argv[2:]
+    from prefect_dask import DaskTaskRunner
+
+    if address:
+        return xdpx_pipeline.with_options(task_runner=DaskTaskRunner(address=address))
+    cluster = {"n_workers": n_workers, "threads_per_worker": 1, "dashboard_address": ":0"}
+    return xdpx_pipeline.with_options(task_runner=DaskTaskRunner(cluster_kwargs=cluster))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m flows.pipeline [--params params.yaml] [--dask ADDRESS|local:N] [section.key=value ...]``.
+
+    ``--dask tcp://host:8786`` runs the task runs on that Dask scheduler's workers and
+    ``--dask local:2`` on a local cluster of 2 worker processes; either maps prepro over
+    the raw files (``prepro_tasks``). Exits with status 2 and a one-line ``error: ...``
+    when the config is bad or a stage fails (the Prefect logs hold the traceback).
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    params, dask = "params.yaml", None
+    while argv[:1] and argv[0] in ("--params", "-p", "--dask"):
+        if len(argv) < 2:
+            print(f"error: {argv[0]} needs a value", file=sys.stderr)
+            raise SystemExit(2)
+        if argv[0] == "--dask":
+            dask = argv[1]
+        else:
+            params = argv[1]
+        argv = argv[2:]
+    pipeline, kw = xdpx_pipeline, {}
+    if dask:
+        local = dask.startswith("local:")
+        pipeline = with_dask(None if local else dask, int(dask[6:]) if local else 2)
+        kw = {"prepro_tasks": True}
     try:
-        results = xdpx_pipeline(params=params, overrides=list(argv))
+        results = pipeline(params=params, overrides=list(argv), **kw)
     except (ConfigError, StageError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

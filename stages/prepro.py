@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
@@ -248,21 +249,78 @@ def building(cfg: PreproConfig) -> Iterator[str]:
         raise
 
 
-@contextlib.contextmanager
-def _pool(workers: int, spec: EncoderSpec | None = None) -> Iterator[Any]:
-    pool = worker_pool(workers, spec)
+@dataclass(frozen=True)
+class CountJob:
+    """The counting pass over one train file (:func:`xdpx.data.stream.count_file`)."""
+
+    path: str
+    cfg: PreproConfig
+    tokenizer: str | None
+    allowed_labels: frozenset[str] | None
+
+    @property
+    def label(self) -> str:
+        """``count <file>`` (task run names)."""
+        return f"count {self.path.rsplit('/', 1)[-1]}"
+
+
+@dataclass(frozen=True)
+class EncodeJob:
+    """The encoding pass over one raw file (:func:`xdpx.data.stream.encode_file`)."""
+
+    path: str
+    split: str
+    file_index: int
+    spec: EncoderSpec
+    cfg: PreproConfig
+    out_dir: str
+
+    @property
+    def label(self) -> str:
+        """``encode <split> <file>`` (task run names)."""
+        return f"encode {self.split} {self.path.rsplit('/', 1)[-1]}"
+
+
+#: ``mapper(jobs) -> results`` in the order of ``jobs``: how the per-file work is run.
+Mapper = Callable[[list[Any]], list[Any]]
+
+
+def do_job(job: CountJob | EncodeJob, pool: Any = None) -> FileCounts | FileShards:
+    """Run one per-file job (in this process, chunks tokenized in ``pool`` if given)."""
+    if isinstance(job, CountJob):
+        allowed = set(job.allowed_labels) if job.allowed_labels is not None else None
+        return count_file(job.path, job.cfg, job.tokenizer, allowed, pool)
+    return encode_file(
+        job.path, job.split, job.file_index, job.spec, job.cfg, job.out_dir,
+        job.split == "train", pool,
+    )  # fmt: skip
+
+
+def local_mapper(jobs: list[Any]) -> list[Any]:
+    """The files one after the other, each with ``prepro.workers`` processes on its chunks."""
+    if not jobs:
+        return []
+    cfg = jobs[0].cfg
+    spec = jobs[0].spec if isinstance(jobs[0], EncodeJob) else None
+    needs_pool = spec is not None or jobs[0].tokenizer is not None
+    pool = worker_pool(cfg.workers if needs_pool else 1, spec)
     with pool if pool is not None else contextlib.nullcontext():
-        yield pool
+        return [do_job(job, pool) for job in jobs]
 
 
 @io.stage("prepro")
-def run(cfg: PreproConfig) -> PreproResult:
+def run(cfg: PreproConfig, mapper: Mapper | None = None) -> PreproResult:
     """Prepare every split of ``cfg.data_files``; see the module docstring for the outputs.
 
     Streams: a counting pass over the train files (target map, vocab), then an encoding
-    pass over every file, each a chunk of ``chunk_rows`` rows at a time, tokenized in
-    ``cfg.workers`` processes (:mod:`xdpx.data.stream`); memory does not grow with the
-    corpus.
+    pass over every file, each a chunk of ``chunk_rows`` rows at a time (:mod:`xdpx.data.stream`);
+    memory does not grow with the corpus.
+
+    Args:
+        cfg: the prepro section.
+        mapper: runs the per-file jobs (:class:`CountJob`, :class:`EncodeJob`) and returns
+            their results in order; default :func:`local_mapper` (``cfg.workers``
+            processes). The Prefect flow passes one that maps them as task runs.
 
     Raises:
         DataError: a missing file, a malformed line (``file:line: reason``) unless
@@ -270,26 +328,28 @@ def run(cfg: PreproConfig) -> PreproResult:
             target-map file, or an empty train split.
         ConfigError: the hf tokenizer cannot be loaded.
     """
+    mapper = mapper or local_mapper
     cfg = preflight.check_prepro(cfg)
     sources = expand_sources(cfg)
     tokenizer, fraction = resolve_tokenizer(cfg, sources["train"])
     count_tokens = needs_counts(cfg, tokenizer)
-    with _pool(cfg.workers if count_tokens else 1) as pool:
-        counts = None
-        if not (cfg.target_map_file and count_tokens is None):
-            fixed = set(TargetMap.load(cfg.target_map_file).labels) if cfg.target_map_file else None
-            counts = sum(
-                (count_file(p, cfg, count_tokens, fixed, pool) for p in sources["train"]),
-                FileCounts(),
-            )
-        spec, vocab_lines = build_spec(cfg, tokenizer, counts)
+    counts = None
+    if not (cfg.target_map_file and count_tokens is None):
+        fixed = (
+            frozenset(TargetMap.load(cfg.target_map_file).labels) if cfg.target_map_file else None
+        )
+        jobs = [CountJob(p, cfg, count_tokens, fixed) for p in sources["train"]]
+        counts = sum(mapper(jobs), FileCounts())
+    spec, vocab_lines = build_spec(cfg, tokenizer, counts)
     log.info("vocab: %d ids; labels: %s", len(vocab_lines), spec.labels)
-    with _pool(cfg.workers, spec) as pool, building(cfg) as tmp:
-        pieces = [
-            encode_file(path, split, i, spec, cfg, tmp, split == "train", pool)
-            for split, files in sources.items()
-            for i, path in enumerate(files)
-        ]
+    with building(cfg) as tmp:
+        pieces = mapper(
+            [
+                EncodeJob(path, split, i, spec, cfg, tmp)
+                for split, files in sources.items()
+                for i, path in enumerate(files)
+            ]
+        )
         return write_prepared(cfg, tmp, spec, vocab_lines, pieces, fraction)
 
 

@@ -166,3 +166,65 @@ def test_bad_input_is_not_retried_and_names_stage(prefect_server, tmp_path, monk
         state.result()
     assert (info.value.stage, info.value.retryable) == ("prepro", False)
     assert isinstance(info.value.__cause__, FileNotFoundError)
+
+
+def test_flow_on_a_local_dask_cluster_prepares_raw_shards_and_trains_lazily(
+    prefect_server, real_subset, tmp_path, monkeypatch
+):
+    """Acceptance (issue 22): prepro mapped over 3 raw train files as task runs on a
+    2-worker Dask cluster, then lazy-loaded training on the multi-shard data."""
+    import os
+
+    from distributed import Client, LocalCluster, get_task_stream
+    from test_scale import _shards, _split_raw
+
+    from flows.pipeline import with_dask
+    from stages import prepro
+    from xdpx.config import PreproConfig
+    from xdpx.data import PreparedMeta
+
+    raw, _ = real_subset
+    shards = _split_raw(raw, tmp_path / "shards")
+    (shards / "test.tsv").write_bytes(open(os.path.join(raw, "test.tsv"), "rb").read())
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DASK_LOGGING__DISTRIBUTED", "warning")
+    overrides = [
+        *SMALL,
+        f"prepro.data_source={shards}",
+        "prepro.data_files={train: train-*.tsv, dev: dev.tsv, test: test.tsv}",
+        "prepro.shard_size=200",
+        "train.lazy_load=true",
+    ]
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+        get_task_stream(client) as stream,
+    ):
+        state = with_dask(cluster.scheduler_address)(
+            params="params.yaml", overrides=overrides, prepro_tasks=True, return_state=True
+        )
+    workers = {t["worker"] for t in stream.data}
+    assert state.is_completed(), state.message
+    runs = _task_runs(state)
+    files = [n for n in runs if n.startswith("prepro ")]
+    assert sorted(files) == sorted(
+        [f"prepro count train-0000{k}.tsv" for k in range(3)]
+        + [f"prepro encode train train-0000{k}.tsv" for k in range(3)]
+        + ["prepro encode dev dev.tsv", "prepro encode test test.tsv"]
+    )
+    assert all(runs[n].state.is_completed() for n in files)
+    assert len(workers) == 2, f"the task runs ran on {workers}, not on both Dask workers"
+    meta = PreparedMeta.read("data/prepared")
+    assert len(meta.splits["train"].source) == 3 and meta.splits["train"].shards >= 6
+    local = PreproConfig(
+        data_source=str(shards),
+        data_files={"train": "train-*.tsv", "dev": "dev.tsv", "test": "test.tsv"},
+        data_dir=str(tmp_path / "local"),
+        max_len=64,
+        shard_size=200,
+    )
+    prepro.run(local)  # the same files in this process: the same shards, byte for byte
+    assert _shards(tmp_path / "local") == _shards(tmp_path / "data/prepared")
+    result = state.result()
+    assert result["train"]["samples_seen"] > 0
+    assert (tmp_path / "models/default/best/model.safetensors").exists()
