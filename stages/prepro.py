@@ -296,18 +296,6 @@ def do_job(job: CountJob | EncodeJob, pool: Any = None) -> FileCounts | FileShar
     )  # fmt: skip
 
 
-def local_mapper(jobs: list[Any]) -> list[Any]:
-    """The files one after the other, each with ``prepro.workers`` processes on its chunks."""
-    if not jobs:
-        return []
-    cfg = jobs[0].cfg
-    spec = jobs[0].spec if isinstance(jobs[0], EncodeJob) else None
-    needs_pool = spec is not None or jobs[0].tokenizer is not None
-    pool = worker_pool(cfg.workers if needs_pool else 1, spec)
-    with pool if pool is not None else contextlib.nullcontext():
-        return [do_job(job, pool) for job in jobs]
-
-
 @io.stage("prepro")
 def run(cfg: PreproConfig, mapper: Mapper | None = None) -> PreproResult:
     """Prepare every split of ``cfg.data_files``; see the module docstring for the outputs.
@@ -319,8 +307,9 @@ def run(cfg: PreproConfig, mapper: Mapper | None = None) -> PreproResult:
     Args:
         cfg: the prepro section.
         mapper: runs the per-file jobs (:class:`CountJob`, :class:`EncodeJob`) and returns
-            their results in order; default :func:`local_mapper` (``cfg.workers``
-            processes). The Prefect flow passes one that maps them as task runs.
+            their results in order; default: one after the other in this process, with
+            a pool of ``cfg.workers`` processes tokenizing their chunks. The Prefect flow
+            passes one that maps them as task runs.
 
     Raises:
         DataError: a missing file, a malformed line (``file:line: reason``) unless
@@ -328,7 +317,14 @@ def run(cfg: PreproConfig, mapper: Mapper | None = None) -> PreproResult:
             target-map file, or an empty train split.
         ConfigError: the hf tokenizer cannot be loaded.
     """
-    mapper = mapper or local_mapper
+    if mapper is None:  # this process, chunks tokenized in cfg.workers processes
+        pool = worker_pool(cfg.workers)
+        with pool if pool is not None else contextlib.nullcontext():
+            return _run(cfg, lambda jobs: [do_job(job, pool) for job in jobs])
+    return _run(cfg, mapper)
+
+
+def _run(cfg: PreproConfig, mapper: Mapper) -> PreproResult:
     cfg = preflight.check_prepro(cfg)
     sources = expand_sources(cfg)
     tokenizer, fraction = resolve_tokenizer(cfg, sources["train"])

@@ -237,3 +237,21 @@ def test_lazy_sigkill_mid_shard_then_resume_is_bit_identical(sharded, tmp_path):
         a, b = weights(full_dir, name), weights(killed_dir, name)
         assert all(torch.equal(a[k], b[k]) for k in a), f"{name} differs after resume"
     assert (full_dir / "valid.log.tsv").read_bytes() == (killed_dir / "valid.log.tsv").read_bytes()
+
+
+@pytest.mark.e2e
+def test_lazy_ddp_two_processes_equal_one_process_across_shard_boundaries(sharded, tmp_path):
+    """Lazy loading under torchrun (gloo, 2 ranks): windows that cross 100-row shards give
+    the model and the sample order of one process with the same global batch."""
+    from test_distributed import assert_same_weights, train
+
+    _, prepared = sharded
+    epoch = {"max_update": None, "max_epoch": 1, "log_sample_ids": True, "lazy_load": True}
+    single = train(tmp_path, str(prepared), "single", 1, batch_size=24, **epoch)
+    ddp = train(tmp_path, str(prepared), "ddp", 2, batch_size=12, **epoch)
+    assert_same_weights(single, ddp)
+    logs = [_samples_log(r) for r in (single, ddp)]
+    pd.testing.assert_frame_equal(*logs)
+    seen = [int(i) for row in logs[1]["sample_ids"] for i in str(row).split(",")]
+    n = json.loads((prepared / "meta.json").read_text())["splits"]["train"]["rows"]
+    assert sorted(seen) == list(range(n))

@@ -33,12 +33,6 @@ from xdpx.sampling import epoch_order, shard_epoch_order
 __all__ = ["TrainData", "InMemoryData", "LazyData", "LazySplit"]
 
 
-def _samples(data: SplitData) -> list[Any]:
-    if data.input_ids2 is None:
-        return list(data.input_ids)
-    return list(zip(data.input_ids, data.input_ids2, strict=True))
-
-
 class TrainData:
     """The training split as the Trainer reads it (see the module docstring).
 
@@ -241,22 +235,28 @@ class LazyData(TrainData):
         self.split.keep(keep)
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
-    def _gather(self, ids: np.ndarray) -> list[tuple[SplitData, int]]:
+    def _gather(self, ids: np.ndarray) -> list[tuple[SplitData, np.ndarray, np.ndarray]]:
+        """``(shard data, positions in ids, rows in the shard)`` per shard that ``ids`` touch."""
         shard = np.searchsorted(self.split.offsets, ids, side="right") - 1
-        return [
-            (self.split.shard(int(s)), int(i - self.split.offsets[s]))
-            for s, i in zip(shard, ids, strict=True)
-        ]
+        out = []
+        for s in np.unique(shard):
+            where = np.flatnonzero(shard == s)
+            out.append((self.split.shard(int(s)), where, ids[where] - self.split.offsets[s]))
+        return out
 
     def samples(self, ids: np.ndarray) -> list[Any]:
-        out = []
-        for data, i in self._gather(ids):
-            x = data.input_ids[i]
-            out.append(x if data.input_ids2 is None else (x, data.input_ids2[i]))
+        out: list[Any] = [None] * len(ids)
+        for data, where, rows in self._gather(ids):
+            for k, i in zip(where.tolist(), rows.tolist(), strict=True):
+                x = data.input_ids[i]
+                out[k] = x if data.input_ids2 is None else (x, data.input_ids2[i])
         return out
 
     def labels(self, ids: np.ndarray) -> np.ndarray:
-        return np.array([d.labels[i] for d, i in self._gather(ids)], dtype=np.int64)
+        out = np.empty(len(ids), dtype=np.int64)
+        for data, where, rows in self._gather(ids):
+            out[where] = data.labels[rows]
+        return out
 
     def label_counts(self, num_labels: int) -> np.ndarray:
         if self._label_counts is None:

@@ -18,11 +18,14 @@ number of workers); the Prefect flow maps them over the files as task runs
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass, field
+from functools import cached_property
 from multiprocessing import get_context
 from typing import Any, TypeVar
 
@@ -102,22 +105,13 @@ def file_shard_name(file_index: int, k: int) -> str:
 
 
 # ------------------------------------------------------------------------ workers
-def worker_pool(workers: int, spec: EncoderSpec | None = None) -> Executor | None:
-    """A pool of ``workers`` processes (``spawn``: no inherited threads or locks), or None
-    for ``workers == 1`` (everything runs in this process).
-
-    Args:
-        workers: processes.
-        spec: the encoder for :func:`encode_file` (each worker builds it once); None for
-            a pool that only counts (:func:`count_file`).
-    """
+def worker_pool(workers: int) -> Executor | None:
+    """A pool of ``workers`` processes (``spawn``: no inherited threads or locks; started
+    at the first job), or None for ``workers == 1`` (everything runs in this process).
+    One pool serves both passes: each worker builds a tokenizer / encoder once per spec."""
     if workers <= 1:
         return None
-    init = (_set_encoder, (spec,)) if spec is not None else (None, ())
-    return ProcessPoolExecutor(
-        max_workers=workers, mp_context=get_context("spawn"), initializer=init[0],
-        initargs=init[1],
-    )  # fmt: skip
+    return ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"))
 
 
 def ordered_map(
@@ -139,7 +133,7 @@ def ordered_map(
         yield pending.popleft().result()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class EncoderSpec:
     """What a worker process needs to rebuild prepro's :class:`Encoder` (picklable).
 
@@ -154,6 +148,12 @@ class EncoderSpec:
     tokenizer: str
     vocab: list[str] | None
     labels: list[str]
+
+    @cached_property
+    def key(self) -> str:
+        """A digest of the spec: a worker builds the encoder once per key."""
+        text = json.dumps([self.prepro, self.tokenizer, self.vocab, self.labels])
+        return hashlib.sha1(text.encode("utf-8")).hexdigest()
 
     def build(self) -> Encoder:
         cfg = PreproConfig.model_validate(self.prepro)
@@ -176,11 +176,6 @@ def _cached(key: Any, build: Callable[[], T]) -> T:
     if key not in _CACHE:
         _CACHE[key] = build()
     return _CACHE[key]
-
-
-def _set_encoder(spec: EncoderSpec) -> None:
-    """Pool initializer (and the in-process path): build the encoder once."""
-    _CACHE["encoder"] = spec.build()
 
 
 # ------------------------------------------------------------------ counting pass
@@ -322,10 +317,12 @@ def _flat(seqs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return values, offsets
 
 
-def _encode_chunk(job: tuple[list[str], list[str] | None, list[str] | None]) -> _Encoded:
-    """Worker: encode one chunk with the encoder of :func:`_set_encoder`."""
-    texts, texts2, labels = job
-    encoder: Encoder = _CACHE["encoder"]
+def _encode_chunk(
+    job: tuple[EncoderSpec, list[str], list[str] | None, list[str] | None],
+) -> _Encoded:
+    """Worker: encode one chunk (the encoder is built once per spec and process)."""
+    spec, texts, texts2, labels = job
+    encoder: Encoder = _cached(("encoder", spec.key), spec.build)
     a, b, full, full2 = encoder.encode_with_lengths(texts, texts2 if encoder.pair else None)
     longest = list(full)
     if b is not None and full2 is not None:
@@ -411,15 +408,13 @@ def encode_file(
         cfg: the prepro section (reader options, ``shard_size``, ``chunk_rows``).
         out_dir: the (temporary) prepared directory.
         require_label: every row needs a label (train).
-        executor: a :func:`worker_pool` made with this ``spec``, or None.
+        executor: a :func:`worker_pool`, or None.
 
     Raises:
         DataError: a malformed line (``path:line: reason``) unless ``skip_bad_lines``, a
             label outside the target map, a missing or unreadable file.
     """
     out = FileShards(split, file_index, path)
-    if executor is None:
-        _set_encoder(spec)
     allowed = set(spec.labels)
     writer = _ShardWriter(out_dir, split, file_index, cfg.shard_size, spec_pair(spec))
     counts = np.zeros(len(spec.labels), dtype=np.int64)
@@ -430,7 +425,7 @@ def encode_file(
             out.bad_lines = (out.bad_lines + chunk.bad_lines)[:MAX_BAD_LINES]
             out.has_labels = chunk.labels is not None
             if len(chunk):
-                yield chunk.texts, chunk.texts2, chunk.labels
+                yield spec, chunk.texts, chunk.texts2, chunk.labels
 
     with tqdm(desc=f"prepro {split} {_name(path)}", unit="row") as bar:
         for enc in ordered_map(_encode_chunk, jobs(), executor):
