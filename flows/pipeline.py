@@ -241,6 +241,9 @@ def with_dask(address: str | None = None, n_workers: int = 2) -> Any:
     spread prepro over the workers; with several machines, ``prepro.data_dir`` and the raw
     files must be on storage they all reach (``oss://``, ``s3://``, a shared disk).
     """
+    import os
+
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")  # before dask is imported
     from prefect_dask import DaskTaskRunner
 
     if address:
