@@ -61,6 +61,23 @@ def start_train(params: Path, *overrides: str) -> subprocess.Popen:
     )
 
 
+def kill_after_checkpoint(proc: subprocess.Popen, state_file: Path, updates: int) -> None:
+    """SIGKILL ``proc`` once its full checkpoint (``state_file``) is at ``updates`` or more."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            state = json.loads(state_file.read_text()) if state_file.exists() else None
+        except ValueError:  # caught between the two renames of a save: try again
+            state = None
+        if state and state["num_updates"] >= updates:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run finished before it could be killed; make it longer"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+
+
 def weights(run: Path, name: str) -> dict[str, torch.Tensor]:
     return load_file(str(run / name / "model.safetensors"))
 
@@ -72,21 +89,7 @@ def test_sigkill_mid_epoch_then_resume_is_bit_identical(real_subset, tmp_path):
     full = start_train(train_params(tmp_path, prepared, full_dir))
     killed = start_train(train_params(tmp_path, prepared, killed_dir))
     state_file = killed_dir / "last" / "trainer_state.json"
-    deadline = time.monotonic() + 300
-    state = None
-    while time.monotonic() < deadline and killed.poll() is None:
-        if state_file.exists():
-            try:
-                state = json.loads(state_file.read_text())
-            except ValueError:  # caught between the two renames: try again
-                state = None
-            if state and state["num_updates"] >= 20:
-                break
-        time.sleep(0.02)
-    assert killed.poll() is None, "the run finished before it could be killed; make it longer"
-    killed.send_signal(signal.SIGKILL)
-    killed.wait(timeout=60)
-    assert killed.returncode == -signal.SIGKILL
+    kill_after_checkpoint(killed, state_file, 20)
     assert not (killed_dir / "result.json").exists()
     state = json.loads(state_file.read_text())
     assert state["epoch"] == 1 and 0 < state["epoch_pos"], "checkpoint must be mid-epoch"

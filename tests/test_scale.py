@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import json
 import re
-import signal
-import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-from test_resume import start_train, train_params, weights
+from test_resume import kill_after_checkpoint, start_train, train_params, weights
 
 from stages import prepro
 from xdpx import io
@@ -211,19 +209,7 @@ def test_lazy_sigkill_mid_shard_then_resume_is_bit_identical(sharded, tmp_path):
     kw = {"lazy_load": True, "max_epoch": 2, "tolerance": 100}
     full = start_train(train_params(tmp_path, str(prepared), full_dir, **kw))
     killed = start_train(train_params(tmp_path, str(prepared), killed_dir, **kw))
-    state_file = killed_dir / "last" / "trainer_state.json"
-    deadline, state = time.monotonic() + 300, None
-    while time.monotonic() < deadline and killed.poll() is None:
-        try:
-            state = json.loads(state_file.read_text()) if state_file.exists() else None
-        except ValueError:  # between the two renames of a save
-            state = None
-        if state and state["num_updates"] >= 30:
-            break
-        time.sleep(0.02)
-    assert killed.poll() is None, "the run finished before it could be killed; make it longer"
-    killed.send_signal(signal.SIGKILL)
-    killed.wait(timeout=60)
+    kill_after_checkpoint(killed, killed_dir / "last" / "trainer_state.json", 30)
     resumed = start_train(
         train_params(tmp_path, str(prepared), killed_dir, **kw), "train.resume=true"
     )
