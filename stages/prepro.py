@@ -307,9 +307,9 @@ def run(cfg: PreproConfig, mapper: Mapper | None = None) -> PreproResult:
     Args:
         cfg: the prepro section.
         mapper: runs the per-file jobs (:class:`CountJob`, :class:`EncodeJob`) and returns
-            their results in order; default: one after the other in this process, with
-            a pool of ``cfg.workers`` processes tokenizing their chunks. The Prefect flow
-            passes one that maps them as task runs.
+            their results in order; default :func:`local_map` over a pool of
+            ``cfg.workers`` processes. The Prefect flow passes one that maps them as task
+            runs.
 
     Raises:
         DataError: a missing file, a malformed line (``file:line: reason``) unless
@@ -317,11 +317,24 @@ def run(cfg: PreproConfig, mapper: Mapper | None = None) -> PreproResult:
             target-map file, or an empty train split.
         ConfigError: the hf tokenizer cannot be loaded.
     """
-    if mapper is None:  # this process, chunks tokenized in cfg.workers processes
+    if mapper is None:
         pool = worker_pool(cfg.workers)
         with pool if pool is not None else contextlib.nullcontext():
-            return _run(cfg, lambda jobs: [do_job(job, pool) for job in jobs])
+            return _run(cfg, lambda jobs: local_map(jobs, pool, cfg.workers))
     return _run(cfg, mapper)
+
+
+def local_map(jobs: list[Any], pool: Any, workers: int) -> list[Any]:
+    """The default mapper. With a pool: whole files in the worker processes when the files
+    split evenly enough (at least ``workers`` of them, none more than ``1/workers`` of the
+    bytes: then this process only waits), else the files one by one with each file's
+    chunks tokenized in the pool (this process reads them). Without: one by one, here."""
+    if pool is None or not jobs:
+        return [do_job(job) for job in jobs]
+    sizes = [io.size(job.path) for job in jobs]
+    if len(jobs) >= workers and max(sizes) * workers <= sum(sizes):
+        return list(pool.map(do_job, jobs))
+    return [do_job(job, pool) for job in jobs]
 
 
 def _run(cfg: PreproConfig, mapper: Mapper) -> PreproResult:

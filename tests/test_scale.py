@@ -102,6 +102,17 @@ def test_two_workers_and_raw_shards_give_the_same_prepared_data(sharded, real_su
     assert [list(x) for x in read["input_ids"]] == [list(x) for x in ref["input_ids"]]
     assert read["label"].tolist() == ref["label"].tolist()
     assert (read["id"].to_numpy() == 0).sum() == 3
+    # one file: its chunks are tokenized by the 2 workers (not whole files): the same shards
+    raw, _ = real_subset
+    one = {"data_files": {"train": "train.tsv", "dev": "dev.tsv"}, "shard_size": 100}
+    for workers in (1, 2):
+        prepro.run(
+            PreproConfig(
+                data_source=raw, data_dir=str(tmp_path / f"one-{workers}"), max_len=128,
+                chunk_rows=64, workers=workers, **one,
+            )
+        )  # fmt: skip
+    assert _shards(tmp_path / "one-1") == _shards(tmp_path / "one-2")
 
 
 @pytest.mark.integration

@@ -21,13 +21,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
 
 from xdpx import io
-from xdpx.data.shards import SplitData, read_shard, split_shards
+from xdpx.data.shards import SplitData, split_shards
 from xdpx.sampling import epoch_order, shard_epoch_order
 
 __all__ = ["TrainData", "InMemoryData", "LazyData", "LazySplit"]
@@ -106,6 +107,73 @@ class InMemoryData(TrainData):
         return self._labels
 
 
+@dataclass
+class FlatShard:
+    """One shard as Arrow lays it out: each column's ids in one flat array plus offsets, so
+    reading it makes no per-row Python objects (the read-ahead thread holds the GIL for
+    milliseconds, not for one array per row).
+
+    Attributes:
+        values / offsets: ``input_ids`` of row ``i`` = ``values[offsets[i]:offsets[i + 1]]``
+            (int64; offsets ``[n + 1]``).
+        values2 / offsets2: the same for ``input_ids2`` (separately encoded pairs), or None.
+        ids: ``[n]`` the ``id`` column; labels: ``[n]`` int64 (-1 = unlabelled).
+    """
+
+    values: np.ndarray
+    offsets: np.ndarray
+    values2: np.ndarray | None
+    offsets2: np.ndarray | None
+    ids: np.ndarray
+    labels: np.ndarray
+
+    @classmethod
+    def read(cls, path: str) -> FlatShard:
+        with io.open(path, "rb") as f:
+            table = pq.read_table(f)
+
+        def flat(name: str) -> tuple[np.ndarray | None, np.ndarray | None]:
+            if name not in table.column_names:
+                return None, None
+            arr = table.column(name).combine_chunks()
+            offsets = arr.offsets.to_numpy().astype(np.int64)
+            values = arr.values.to_numpy(zero_copy_only=False).astype(np.int64)
+            return values, offsets
+
+        values, offsets = flat("input_ids")
+        values2, offsets2 = flat("input_ids2")
+        assert values is not None and offsets is not None
+        return cls(
+            values, offsets, values2, offsets2,
+            table.column("id").to_numpy().astype(np.int64),
+            table.column("label").to_numpy().astype(np.int64),
+        )  # fmt: skip
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def sample(self, i: int) -> Any:
+        """Row ``i``: its id array (a view), or ``(input_ids, input_ids2)`` for pairs."""
+        x = self.values[self.offsets[i] : self.offsets[i + 1]]
+        if self.values2 is None or self.offsets2 is None:
+            return x
+        return x, self.values2[self.offsets2[i] : self.offsets2[i + 1]]
+
+    def split_data(self) -> SplitData:
+        """The shard as :class:`SplitData` (one array per row)."""
+
+        def rows(values: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
+            return np.split(values[offsets[0] : offsets[-1]], offsets[1:-1] - offsets[0])
+
+        pair = self.values2 is not None and self.offsets2 is not None
+        return SplitData(
+            ids=self.ids,
+            input_ids=rows(self.values, self.offsets) if len(self) else [],
+            labels=self.labels,
+            input_ids2=rows(self.values2, self.offsets2) if pair and len(self) else None,  # type: ignore[arg-type]
+        )
+
+
 class LazySplit:
     """A prepared split read one shard at a time, with a one-shard read-ahead.
 
@@ -126,7 +194,7 @@ class LazySplit:
         )
         self.offsets = np.concatenate([[0], np.cumsum(self.rows)])
         self.n = int(self.offsets[-1])
-        self._cache: dict[int, Future[SplitData]] = {}
+        self._cache: dict[int, Future[FlatShard]] = {}
         self._lock = threading.Lock()
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="xdpx-shard-read")
 
@@ -137,7 +205,7 @@ class LazySplit:
     def num_shards(self) -> int:
         return len(self.paths)
 
-    def shard(self, k: int) -> SplitData:
+    def shard(self, k: int) -> FlatShard:
         """Shard ``k`` (read now unless already read or being read ahead)."""
         return self._future(k).result()
 
@@ -151,10 +219,10 @@ class LazySplit:
             for k in [k for k in self._cache if k not in shards]:
                 del self._cache[k]
 
-    def _future(self, k: int) -> Future[SplitData]:
+    def _future(self, k: int) -> Future[FlatShard]:
         with self._lock:
             if k not in self._cache:
-                self._cache[k] = self._reader.submit(read_shard, self.paths[k])
+                self._cache[k] = self._reader.submit(FlatShard.read, self.paths[k])
             return self._cache[k]
 
     def iter_shards(self) -> Iterator[SplitData]:
@@ -162,7 +230,7 @@ class LazySplit:
         for k in range(self.num_shards):
             if k + 1 < self.num_shards:
                 self.read_ahead(k + 1)
-            yield self.shard(k)
+            yield self.shard(k).split_data()
             self.keep({k + 1})
         self.keep(set())
 
@@ -235,7 +303,7 @@ class LazyData(TrainData):
         self.split.keep(keep)
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
-    def _gather(self, ids: np.ndarray) -> list[tuple[SplitData, np.ndarray, np.ndarray]]:
+    def _gather(self, ids: np.ndarray) -> list[tuple[FlatShard, np.ndarray, np.ndarray]]:
         """``(shard data, positions in ids, rows in the shard)`` per shard that ``ids`` touch."""
         shard = np.searchsorted(self.split.offsets, ids, side="right") - 1
         out = []
@@ -246,10 +314,9 @@ class LazyData(TrainData):
 
     def samples(self, ids: np.ndarray) -> list[Any]:
         out: list[Any] = [None] * len(ids)
-        for data, where, rows in self._gather(ids):
+        for shard, where, rows in self._gather(ids):
             for k, i in zip(where.tolist(), rows.tolist(), strict=True):
-                x = data.input_ids[i]
-                out[k] = x if data.input_ids2 is None else (x, data.input_ids2[i])
+                out[k] = shard.sample(i)
         return out
 
     def labels(self, ids: np.ndarray) -> np.ndarray:
