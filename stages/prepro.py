@@ -120,7 +120,7 @@ def build_spec(
         ConfigError: the hf tokenizer cannot be loaded.
     """
     if counts is not None and not counts.rows:
-        raise DataError(f"{cfg.data_files['train']}: no usable examples in the train split")
+        raise DataError(f"{_train_files(cfg)}: no usable examples in the train split")
     if cfg.target_map_file:
         target_map = TargetMap.load(cfg.target_map_file)
     else:
@@ -143,6 +143,13 @@ def build_spec(
         vocab_lines = spec_vocab = list(vocab.tokens)
     spec = EncoderSpec(cfg.model_dump(mode="json"), tokenizer, spec_vocab, list(target_map.labels))
     return spec, vocab_lines
+
+
+def _train_files(cfg: PreproConfig) -> str:
+    """The train entry of ``data_files`` under ``data_source``, for messages."""
+    entry = cfg.data_files["train"]
+    names = [entry] if isinstance(entry, str) else entry
+    return ", ".join(io.join(cfg.data_source, n) for n in names)
 
 
 def split_meta(cfg: PreproConfig, pieces: list[FileShards]) -> dict[str, Any]:
@@ -192,7 +199,7 @@ def write_prepared(
         by_split.setdefault(p.split, []).append(p)
     splits_meta = {split: split_meta(cfg, ps) for split, ps in by_split.items()}
     if not splits_meta["train"]["rows"]:
-        raise DataError(f"{cfg.data_files['train']}: no usable examples in the train split")
+        raise DataError(f"{_train_files(cfg)}: no usable examples in the train split")
     encoder = spec.build()
     io.write_text(io.join(tmp, VOCAB_FILE), "".join(f"{t}\n" for t in vocab_lines))
     encoder.target_map.save(io.join(tmp, TARGET_MAP_FILE))

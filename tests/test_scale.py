@@ -252,3 +252,23 @@ def test_lazy_ddp_two_processes_equal_one_process_across_shard_boundaries(sharde
     seen = [int(i) for row in logs[1]["sample_ids"] for i in str(row).split(",")]
     n = json.loads((prepared / "meta.json").read_text())["splits"]["train"]["rows"]
     assert sorted(seen) == list(range(n))
+
+
+@pytest.mark.integration
+def test_a_train_split_without_examples_names_its_files(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for k in range(2):
+        (raw / f"train-{k}.tsv").write_text("text\tlabel\n", encoding="utf-8")
+    cfg = PreproConfig(
+        data_source=str(raw), data_files={"train": "train-*.tsv"}, data_dir=str(tmp_path / "p")
+    )
+    with pytest.raises(DataError, match=r"train-\*\.tsv: no usable examples in the train split"):
+        prepro.run(cfg)
+    with pytest.raises(
+        FileNotFoundError, match=r"prepro\.data_files\.dev: .*dev-\*\.tsv matches no"
+    ):
+        prepro.run(
+            cfg.model_copy(update={"data_files": {"train": "train-*.tsv", "dev": "dev-*.tsv"}})
+        )
+    assert not (tmp_path / "p").exists()

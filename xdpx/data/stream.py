@@ -149,6 +149,11 @@ class EncoderSpec:
     vocab: list[str] | None
     labels: list[str]
 
+    @property
+    def pair_columns(self) -> bool:
+        """The shards have ``input_ids2`` (pairs encoded separately, not ``hf``)."""
+        return self.prepro.get("text2_column") is not None and self.tokenizer != "hf"
+
     @cached_property
     def key(self) -> str:
         """A digest of the spec: a worker builds the encoder once per key."""
@@ -416,7 +421,7 @@ def encode_file(
     """
     out = FileShards(split, file_index, path)
     allowed = set(spec.labels)
-    writer = _ShardWriter(out_dir, split, file_index, cfg.shard_size, spec_pair(spec))
+    writer = _ShardWriter(out_dir, split, file_index, cfg.shard_size, spec.pair_columns)
     counts = np.zeros(len(spec.labels), dtype=np.int64)
 
     def jobs() -> Iterator[tuple[Any, ...]]:
@@ -443,18 +448,3 @@ def encode_file(
     if out.skipped > len(out.bad_lines):
         log.warning("%s: skipped %d bad lines in all", path, out.skipped)
     return out
-
-
-def spec_pair(spec: EncoderSpec) -> bool:
-    """True when the shards have ``input_ids2`` (pairs encoded separately, not ``hf``)."""
-    return spec.prepro.get("text2_column") is not None and spec.tokenizer != "hf"
-
-
-def raise_if_empty(split: str, rows: int, sources: list[str]) -> None:
-    """The train split needs examples.
-
-    Raises:
-        DataError: no usable examples.
-    """
-    if not rows:
-        raise DataError(f"{', '.join(sources)}: no usable examples in the {split} split")
