@@ -63,16 +63,14 @@ def run(cfg: EvaluateConfig) -> EvaluateResult:
     pad_id = ckpt.model_config.get("pad_id", 0)
     metrics: dict[str, dict[str, float]] = {}
     cm = None
+    bs = cfg.batch_size
     for split in cfg.splits:  # shard by shard: memory holds one shard's inputs
+        shards = LazySplit(cfg.data_dir, split)
         parts = [
-            (
-                predict_probs(
-                    ckpt.model, as_samples(d.input_ids, d.input_ids2), cfg.batch_size, pad_id
-                ),
-                d.labels,
-            )  # fmt: skip
-            for d in LazySplit(cfg.data_dir, split).iter_shards()
+            (predict_probs(ckpt.model, as_samples(d.input_ids, d.input_ids2), bs, pad_id), d.labels)
+            for d in shards.iter_shards()
         ]
+        shards.close()
         probs = np.concatenate([p for p, _ in parts])
         y = np.concatenate([y for _, y in parts])
         metrics[split] = classification_metrics(y, probs)

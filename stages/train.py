@@ -285,7 +285,12 @@ def _train(
     )
     if resume_path is not None:
         trainer.resume(resume_path)
-    result = trainer.fit()
+    try:
+        result = trainer.fit()
+    finally:
+        for lazy in (getattr(data, "split", None), valid):
+            if isinstance(lazy, LazySplit):
+                lazy.close()  # the read-ahead threads
     if rank == 0:
         io.write_text(RunDir(cfg.save_dir).result, json.dumps(result.__dict__, indent=2))
     return result

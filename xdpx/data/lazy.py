@@ -129,6 +129,11 @@ class FlatShard:
 
     @classmethod
     def read(cls, path: str) -> FlatShard:
+        """Read one shard file (local or URL).
+
+        Raises:
+            FileNotFoundError: no such shard.
+        """
         with io.open(path, "rb") as f:
             table = pq.read_table(f)
 
@@ -203,6 +208,7 @@ class LazySplit:
 
     @property
     def num_shards(self) -> int:
+        """Shards in the split."""
         return len(self.paths)
 
     def shard(self, k: int) -> FlatShard:
@@ -235,6 +241,7 @@ class LazySplit:
         self.keep(set())
 
     def close(self) -> None:
+        """Drop the cached shards and stop the read-ahead thread."""
         self.keep(set())
         self._reader.shutdown(wait=True)
 

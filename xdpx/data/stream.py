@@ -161,6 +161,11 @@ class EncoderSpec:
         return hashlib.sha1(text.encode("utf-8")).hexdigest()
 
     def build(self) -> Encoder:
+        """The :class:`Encoder` this spec describes.
+
+        Raises:
+            ValueError: the hf tokenizer cannot be loaded from ``tokenizer_path``.
+        """
         cfg = PreproConfig.model_validate(self.prepro)
         tok = make_tokenizer(self.tokenizer, cfg.lower, cfg.tokenizer_path)
         vocab = None if isinstance(tok, HFTokenizer) else Vocab(self.vocab or [])
