@@ -195,7 +195,7 @@ def write_prepared(
     """
     final = cfg.data_dir.rstrip("/")
     by_split: dict[str, list[FileShards]] = {}
-    for p in sorted(pieces, key=lambda p: (list(cfg.data_files).index(p.split), p.file_index)):
+    for p in pieces:  # the mapper returns them in job order: split by split, files in order
         by_split.setdefault(p.split, []).append(p)
     splits_meta = {split: split_meta(cfg, ps) for split, ps in by_split.items()}
     if not splits_meta["train"]["rows"]:

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from xdpx import io
-from xdpx.data.shards import SplitData, split_shards
+from xdpx.data.shards import SplitData, flat_column, split_flat, split_shards
 from xdpx.sampling import epoch_order, shard_epoch_order
 
 __all__ = ["TrainData", "InMemoryData", "LazyData", "LazySplit"]
@@ -101,11 +101,6 @@ class InMemoryData(TrainData):
     def label_counts(self, num_labels: int) -> np.ndarray:
         return np.bincount(self._labels, minlength=num_labels)
 
-    @property
-    def all_labels(self) -> np.ndarray:
-        """``[n]`` labels of the whole split."""
-        return self._labels
-
 
 @dataclass
 class FlatShard:
@@ -137,17 +132,10 @@ class FlatShard:
         with io.open(path, "rb") as f:
             table = pq.read_table(f)
 
-        def flat(name: str) -> tuple[np.ndarray | None, np.ndarray | None]:
-            if name not in table.column_names:
-                return None, None
-            arr = table.column(name).combine_chunks()
-            offsets = arr.offsets.to_numpy().astype(np.int64)
-            values = arr.values.to_numpy(zero_copy_only=False).astype(np.int64)
-            return values, offsets
-
-        values, offsets = flat("input_ids")
-        values2, offsets2 = flat("input_ids2")
-        assert values is not None and offsets is not None
+        values, offsets = flat_column(table.column("input_ids"))
+        values2 = offsets2 = None
+        if "input_ids2" in table.column_names:
+            values2, offsets2 = flat_column(table.column("input_ids2"))
         return cls(
             values, offsets, values2, offsets2,
             table.column("id").to_numpy().astype(np.int64),
@@ -166,16 +154,12 @@ class FlatShard:
 
     def split_data(self) -> SplitData:
         """The shard as :class:`SplitData` (one array per row)."""
-
-        def rows(values: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
-            return np.split(values[offsets[0] : offsets[-1]], offsets[1:-1] - offsets[0])
-
         pair = self.values2 is not None and self.offsets2 is not None
         return SplitData(
             ids=self.ids,
-            input_ids=rows(self.values, self.offsets) if len(self) else [],
+            input_ids=split_flat(self.values, self.offsets),
             labels=self.labels,
-            input_ids2=rows(self.values2, self.offsets2) if pair and len(self) else None,  # type: ignore[arg-type]
+            input_ids2=split_flat(self.values2, self.offsets2) if pair else None,  # type: ignore[arg-type]
         )
 
 

@@ -169,12 +169,23 @@ def list_splits(data_dir: str) -> list[str]:
     return sorted({h.rstrip("/").rsplit("/", 2)[-2] for h in hits})
 
 
-def _to_arrays(col: pa.ChunkedArray) -> list[np.ndarray]:
+def flat_column(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """A list<int32> column as Arrow lays it out: ``(values, offsets)``, row ``i`` =
+    ``values[offsets[i]:offsets[i + 1]]`` (int64; offsets ``[n + 1]``)."""
     arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-    offsets = arr.offsets.to_numpy()
-    values = arr.values.to_numpy(zero_copy_only=False).astype(np.int64)
-    values = values[offsets[0] : offsets[-1]]
-    return np.split(values, offsets[1:-1] - offsets[0]) if len(arr) else []
+    offsets = arr.offsets.to_numpy().astype(np.int64)
+    return arr.values.to_numpy(zero_copy_only=False).astype(np.int64), offsets
+
+
+def split_flat(values: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
+    """One array (a view of ``values``) per row of a :func:`flat_column` layout."""
+    if len(offsets) < 2:
+        return []
+    return np.split(values[offsets[0] : offsets[-1]], offsets[1:-1] - offsets[0])
+
+
+def _to_arrays(col: pa.ChunkedArray) -> list[np.ndarray]:
+    return split_flat(*flat_column(col))
 
 
 def split_shards(data_dir: str, split: str) -> list[tuple[str, int | None]]:

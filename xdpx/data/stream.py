@@ -193,18 +193,17 @@ def _cached(key: Any, build: Callable[[], T]) -> T:
 class FileCounts:
     """The counting pass over train files (mergeable with ``+``).
 
+    Skipped lines are counted by the encoding pass (:class:`FileShards`), which reads
+    every file.
+
     Attributes:
         rows: examples kept.
-        skipped: malformed lines skipped (``skip_bad_lines``).
-        bad_lines: the first :data:`~xdpx.data.readers.MAX_BAD_LINES` skip reasons.
         labels: label string -> examples.
         tokens: token -> occurrences (texts and second texts), or None when the vocab
             is not built from the data (``vocab_file``, ``hf``).
     """
 
     rows: int = 0
-    skipped: int = 0
-    bad_lines: list[str] = field(default_factory=list)
     labels: Counter[str] = field(default_factory=Counter)
     tokens: Counter[str] | None = None
 
@@ -213,13 +212,7 @@ class FileCounts:
         if self.tokens is not None or other.tokens is not None:
             tokens = Counter(self.tokens or {})
             tokens.update(other.tokens or {})
-        return FileCounts(
-            self.rows + other.rows,
-            self.skipped + other.skipped,
-            (self.bad_lines + other.bad_lines)[:MAX_BAD_LINES],
-            self.labels + other.labels,
-            tokens,
-        )
+        return FileCounts(self.rows + other.rows, self.labels + other.labels, tokens)
 
 
 def _count_tokens(job: tuple[tuple[str, bool, str | None, str | None], list[str]]) -> Counter:
@@ -261,8 +254,6 @@ def count_file(
     def jobs() -> Iterator[tuple[Any, list[str]]]:
         for chunk in iter_examples(path, cfg, True, allowed_labels, cfg.chunk_rows):
             out.rows += len(chunk)
-            out.skipped += chunk.skipped
-            out.bad_lines = (out.bad_lines + chunk.bad_lines)[:MAX_BAD_LINES]
             out.labels.update(chunk.labels or [])
             yield key, chunk.texts + (chunk.texts2 or [])
 
@@ -285,7 +276,8 @@ class FileShards:
 
     Attributes:
         split / file_index / source: the split, the file's position in it, its path.
-        rows: examples kept; ``skipped`` / ``bad_lines``: as :class:`FileCounts`.
+        rows: examples kept; skipped: malformed lines skipped (``skip_bad_lines``);
+        bad_lines: the first :data:`~xdpx.data.readers.MAX_BAD_LINES` skip reasons.
         shard_rows: shard file name (under ``{split}/``) -> rows, in order.
         max_length_seen: the longest sequence before truncation.
         truncated: rows where a sequence was cut to ``max_len``.
