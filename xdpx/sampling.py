@@ -38,37 +38,11 @@ def shard_epoch_order(num_shards: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(num_shards)
 
 
-class ShardedOrder:
-    """Seeded, rank-sharded epoch order (``set_epoch`` as ``DistributedSampler``'s).
-
-    ``set_epoch(e)`` selects the permutation of epoch ``e`` (``epoch_order``), the same on
-    every rank. ``shard(window)`` is rank ``rank``'s share of a window of that order: every
-    ``world_size``-th sample starting at ``rank`` (unpadded: see the module docstring).
-
-    Args:
-        n: dataset size.
-        seed: ``train.seed``.
-        world_size / rank: process group size and this process's rank.
-    """
-
-    def __init__(self, n: int, seed: int, world_size: int = 1, rank: int = 0) -> None:
-        self.n, self.seed, self.world_size, self.rank = n, seed, world_size, rank
-        self.epoch = 1
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the order of ``epoch`` (1-based)."""
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return self.n
-
-    def order(self) -> np.ndarray:
-        """Global order of the current epoch, ``[n]`` sample ids."""
-        return epoch_order(self.n, self.seed, self.epoch)
-
-    def shard(self, window: np.ndarray) -> np.ndarray:
-        """This rank's samples of ``window`` (a slice of ``order()``)."""
-        return window[self.rank :: self.world_size]
+def rank_share(window: np.ndarray, rank: int, world_size: int) -> np.ndarray:
+    """Rank ``rank``'s samples of an update window: every ``world_size``-th sample starting
+    at ``rank`` (``DistributedSampler``'s split of a full window; unpadded: see the module
+    docstring). The window itself comes from the epoch order (``xdpx.data.lazy``)."""
+    return window[rank::world_size]
 
 
 def update_seed(seed: int, num_updates: int, rank: int = 0) -> int:

@@ -59,7 +59,7 @@ from xdpx.models import with_default_learning_rate
 from xdpx.optim import build_optimizer, build_scheduler
 from xdpx.rundir import BEST, LAST, RunDir
 from xdpx.runlog import RunLog, progress_bar, train_row
-from xdpx.sampling import ShardedOrder, micro_batches, place, total_updates, update_seed
+from xdpx.sampling import micro_batches, place, rank_share, total_updates, update_seed
 from xdpx.train_state import (
     EvalEvent,
     StopTraining,
@@ -143,7 +143,6 @@ class Trainer:
         self.is_main = self.rank == 0
         self.logs = RunLog(self.run, enabled=self.is_main)
         self.optimizer = build_optimizer(self.module, cfg)
-        self.sampler = ShardedOrder(n, cfg.seed, self.world_size, self.rank)  # rank shares
         self.window_size = cfg.batch_size * cfg.update_freq * self.world_size
         self.total_updates = total_updates(n, self.window_size, cfg)
         self.scheduler = build_scheduler(self.optimizer, cfg, self.total_updates)
@@ -256,7 +255,7 @@ class Trainer:
     def _update(self, window: np.ndarray) -> tuple[float, float | None]:
         """One optimizer update on ``window`` (global sample ids); returns (grad norm, loss scale)."""
         cfg, st = self.cfg, self.state
-        local = self.sampler.shard(window)
+        local = rank_share(window, self.rank, self.world_size)
         while True:
             torch.manual_seed(update_seed(cfg.seed, st.num_updates, self.rank))
             self.optimizer.zero_grad(set_to_none=True)
