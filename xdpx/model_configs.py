@@ -98,6 +98,7 @@ FAMILIES: dict[str, type[_Family]] = {
     "match_esim": RecurrentArgs,
     "siamese": SiameseArgs,
     "hf_classifier": HFArgs,
+    "hf_mlm": HFArgs,
 }
 #: keys every family takes from the prepared data, not from ``train``
 DATA_KEYS = ("vocab_size", "num_labels", "pad_id")

@@ -88,7 +88,8 @@ def resolve_pretrained(path: str) -> str:
 
 @contextlib.contextmanager
 def quiet_transformers() -> Iterator[None]:
-    """Silence transformers' own logger below ERROR inside the block, then restore it.
+    """Silence transformers' own logger below ERROR and its progress bars inside the block,
+    then restore both.
 
     Loading a local model or tokenizer otherwise prints notices xdpx reports itself (missing
     keys go to ``loading_info.json``; long sequences are counted as truncated by prepro).
@@ -96,8 +97,12 @@ def quiet_transformers() -> Iterator[None]:
     from transformers.utils import logging as hf_logging
 
     level = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()  # "Loading weights", "Writing model shards"
     try:
         yield
     finally:
         hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()

@@ -9,6 +9,7 @@ A run directory (``train.save_dir``) holds::
     profile/                torch.profiler trace (profile)
     params.yaml starter.yaml repro.json result.json            the reproducibility bundle
     export/                 ONNX export (stage export)
+    pretrained/             task=mlm: the best model as a from_pretrained directory + tokenizer
 
 Every other module asks a :class:`RunDir` for these paths instead of joining the names, so
 the layout can change here alone. ``<run>/<best>`` and ``<run>/<last>`` are the aliases
@@ -23,13 +24,15 @@ from xdpx import io
 
 BEST = "best"
 LAST = "last"
+#: task=mlm: the best checkpoint as a transformers ``from_pretrained`` directory
+PRETRAINED = "pretrained"
 #: alias -> checkpoint directory name: ``models/default/<best>``
 ALIASES = {f"<{BEST}>": BEST, f"<{LAST}>": LAST}
 #: Files/dirs whose presence means a directory already holds a training run
 #: (``export/`` alone does not count).
 MARKERS = (BEST, LAST, "train.log.tsv", "valid.log.tsv", "params.yaml")
 #: Subdirectories that are not runs of their own when searching a tree for runs.
-INNER_DIRS = (BEST, LAST, "dvclive", "profile", "export")
+INNER_DIRS = (BEST, LAST, "dvclive", "profile", "export", PRETRAINED)
 CHECKPOINT_PREFIX = "checkpoint-"
 #: Files whose direct presence makes a directory a run (:meth:`RunDir.is_run`,
 #: ``xdpx.scripts.find_runs``).
@@ -55,6 +58,10 @@ class RunDir:
     @property
     def last(self) -> str:
         return self._join(LAST)
+
+    @property
+    def pretrained(self) -> str:
+        return self._join(PRETRAINED)
 
     @property
     def best_alias(self) -> str:

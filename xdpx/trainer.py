@@ -55,6 +55,7 @@ from xdpx.inference import (
 )
 from xdpx.losses import balanced_class_weight, training_loss
 from xdpx.metrics import classification_metrics
+from xdpx.mlm import IGNORE_INDEX, MaskedLM, evaluate_mlm, mlm_loss, pad_masked
 from xdpx.models import with_default_learning_rate
 from xdpx.optim import build_optimizer, build_scheduler
 from xdpx.rundir import BEST, LAST, RunDir
@@ -97,6 +98,12 @@ class Trainer:
         teacher_logits: ``[n, num_labels]`` teacher logits aligned with ``train_seqs``
             (``xdpx.distill.load_teacher_logits``): adds the distillation term with
             ``cfg.distill_alpha`` / ``cfg.distill_temperature``. None: plain cross-entropy.
+        mlm: ``train.task: mlm``: the masker (:class:`xdpx.mlm.MaskedLM`). The model then maps
+            ``input_ids`` to ``logits [batch, seq_len, vocab_size]``, each window's samples
+            are masked by (seed, epoch, sample id), the loss is the cross-entropy at masked
+            positions divided by the window's masked tokens (so any micro-batching or rank
+            split gives the same update), and evaluation reports MLM loss, perplexity and
+            masked-token accuracy (:func:`xdpx.mlm.evaluate_mlm`); labels are unused.
 
     Under ``torch.distributed`` (initialised by the caller, e.g. ``stages.train`` under
     torchrun) the model is wrapped in ``DistributedDataParallel``.
@@ -121,6 +128,7 @@ class Trainer:
         pad_id: int = 0,
         on_eval: Callable[[EvalEvent], None] | None = None,
         teacher_logits: np.ndarray | None = None,
+        mlm: MaskedLM | None = None,
     ) -> None:
         if not isinstance(train_seqs, TrainData):
             assert train_labels is not None
@@ -154,6 +162,8 @@ class Trainer:
         self.resumed_from: str | None = None
         self._auto_ga_logged = False
         self.on_eval = on_eval
+        self.mlm = mlm
+        self._masked: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # this window's masks
         self.stop_reason: str | None = None  # message of a StopTraining raised by on_eval
         self.freelb = FreeLB.from_config(self.module, cfg, pad_id) if cfg.adv == "freelb" else None
         self._adv_rng = torch.Generator(device=self.device)  # FreeLB's delta_0
@@ -256,11 +266,12 @@ class Trainer:
         """One optimizer update on ``window`` (global sample ids); returns (grad norm, loss scale)."""
         cfg, st = self.cfg, self.state
         local = rank_share(window, self.rank, self.world_size)
+        denom = self._loss_units(window)
         while True:
             torch.manual_seed(update_seed(cfg.seed, st.num_updates, self.rank))
             self.optimizer.zero_grad(set_to_none=True)
             try:
-                loss_sum, correct = self._forward_backward(local, window)
+                loss_sum, correct = self._forward_backward(local, window, denom)
                 break
             except torch.cuda.OutOfMemoryError as oom:
                 self._halve_micro_batch(oom, len(local))
@@ -269,7 +280,7 @@ class Trainer:
             t = torch.tensor(stats, dtype=torch.float64, device=self.device)
             dist.all_reduce(t)
             stats = t.tolist()
-        loss = stats[0] / len(window)  # mean loss of the window
+        loss = stats[0] / denom  # mean loss of the window (per sample; mlm: per masked token)
         self.scaler.unscale_(self.optimizer)
         if cfg.inspect_grad and (st.num_updates + 1) % cfg.log_interval == 0 and self.is_main:
             st.grad_rows.append(
@@ -294,15 +305,27 @@ class Trainer:
         st.num_updates += 1
         st.samples_seen += len(window)
         st.last_epoch = st.epoch
-        st.window_loss += loss * len(window)
+        st.window_loss += loss * denom
         st.window_correct += stats[1]
-        st.window_n += len(window)
+        st.window_n += denom
         if cfg.log_sample_ids and self.is_main:
             ids = ",".join(map(str, window.tolist()))
             st.sample_rows.append({"update": st.num_updates, "epoch": st.epoch, "sample_ids": ids})
         return grad_norm, scale
 
-    def _forward_backward(self, local: np.ndarray, window: np.ndarray) -> tuple[float, float]:
+    def _loss_units(self, window: np.ndarray) -> int:
+        """What the window's summed loss is divided by: its samples, or under ``task: mlm``
+        its masked tokens (the masks of the whole window are drawn here, on every rank,
+        so all ranks divide alike)."""
+        if self.mlm is None:
+            return len(window)
+        samples = self.data.samples(window)
+        self._masked = self.mlm.mask_many(samples, window, self.state.epoch)
+        return max(1, sum(int((y >= 0).sum()) for _, y in self._masked.values()))
+
+    def _forward_backward(
+        self, local: np.ndarray, window: np.ndarray, denom: int
+    ) -> tuple[float, float]:
         """Accumulate the gradients of one window share; returns (summed loss, correct).
 
         Under DDP a rank whose share of a short last window is empty still joins the
@@ -313,7 +336,7 @@ class Trainer:
         """
         weight = 1.0 if len(local) else 0.0
         chunks = micro_batches(local if len(local) else window[:1], self.state.micro_batch_size)
-        per_rank = len(window) / self.world_size  # DDP averages over ranks: sum / per_rank overall
+        per_rank = denom / self.world_size  # DDP averages over ranks: sum / per_rank overall
         steps = self.freelb.steps if self.freelb is not None else 1
         loss_sum = correct = 0.0
         sink: dict[str, list[float]] = {}
@@ -333,8 +356,12 @@ class Trainer:
                     with self._autocast(), xlog.collecting(sink), perturb:
                         logits = call_model(self.model, x)
                     with xlog.collecting(sink):
-                        loss = training_loss(
-                            logits, y, idx, self.class_weight, self.teacher_logits, self.cfg
+                        loss = (
+                            mlm_loss(logits, y)
+                            if self.mlm is not None
+                            else training_loss(
+                                logits, y, idx, self.class_weight, self.teacher_logits, self.cfg
+                            )
                         )
                     if not weight:
                         loss = loss * weight
@@ -353,6 +380,9 @@ class Trainer:
     def _batch(self, idx: np.ndarray) -> tuple[Batch, torch.Tensor]:
         """Padded inputs (a tuple for pairs, each input to its own width) and labels of ``idx``."""
         min_len = getattr(self.module, "min_len", 1)
+        if self.mlm is not None:  # model(masked input, labels) -> logits at the masked positions
+            x, y = pad_masked([self._masked[int(i)] for i in idx], self.pad_id, min_len)
+            return to_device((x, y), self.device), y[y != IGNORE_INDEX].to(self.device)
         x = pad_batch(self.data.samples(idx), self.pad_id, min_len)
         return to_device(x, self.device), torch.from_numpy(self.data.labels(idx)).to(self.device)
 
@@ -397,6 +427,11 @@ class Trainer:
         parts = [(self.valid_seqs, self.valid_labels)]
         if isinstance(self.valid_seqs, LazySplit):  # shard by shard
             parts = [(as_samples(d.input_ids, d.input_ids2), d.labels) for d in self.valid_seqs.iter_shards()]  # fmt: skip
+        if self.mlm is not None:
+            return evaluate_mlm(
+                self.module, [x for x, _ in parts], self.mlm, self.cfg.batch_size, self.pad_id,
+                self.device, self.rank, self.world_size,
+            )  # fmt: skip
         probs = [
             predict_probs_sharded(
                 self.module, x, 256, self.pad_id, self.device, self.rank, self.world_size

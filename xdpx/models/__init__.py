@@ -21,7 +21,7 @@ from torch import nn
 from xdpx.data.meta import PreparedMeta
 from xdpx.model_configs import model_args
 from xdpx.models.bilstm import BiLSTM
-from xdpx.models.hf import HFClassifier
+from xdpx.models.hf import HFClassifier, HFMaskedLM
 from xdpx.models.ngram import MatchNgram, NgramLR
 from xdpx.models.pair import PAIR_INPUTS, MatchESIM, Siamese
 from xdpx.models.textcnn import TextCNN
@@ -34,6 +34,7 @@ MODELS: dict[str, type[nn.Module]] = {
     "siamese": Siamese,
     "match_ngram": MatchNgram,
     "hf_classifier": HFClassifier,
+    "hf_mlm": HFMaskedLM,  # train.task: mlm
 }
 
 #: Input names of a model that declares none: one text.
@@ -78,7 +79,7 @@ def model_config_from(
     tokenizer), so config.json holds concrete values.
     """
     cfg: dict[str, Any] = {"vocab_size": vocab_size, "num_labels": num_labels, "pad_id": pad_id}
-    if name == "hf_classifier":
+    if name in ("hf_classifier", "hf_mlm"):
         cfg["sep_id"] = meta.sep_id if meta is not None else None
         cfg["pair"] = meta is not None and meta.pair_encoding == "joint"
     cfg.update(model_args(name, train_cfg).model_dump())
@@ -129,6 +130,7 @@ __all__ = [
     "MatchNgram",
     "Siamese",
     "HFClassifier",
+    "HFMaskedLM",
     "build_model",
     "default_learning_rate",
     "input_names",

@@ -30,7 +30,7 @@ from torch import nn
 
 log = logging.getLogger("xdpx.models.hf")
 
-__all__ = ["HFClassifier", "pair_token_type_ids"]
+__all__ = ["HFClassifier", "HFMaskedLM", "load_hf_model", "pair_token_type_ids"]
 
 #: Parameter-name prefixes (inside the transformers model) that form the classification head.
 HEAD_PREFIXES = ("classifier.", "pre_classifier.", "score.")
@@ -51,6 +51,56 @@ def pair_token_type_ids(input_ids: torch.Tensor, sep_id: int, pad_id: int) -> to
     is_sep = (input_ids == sep_id).long()
     before = torch.cumsum(is_sep, dim=1) - is_sep  # separators strictly before each position
     return ((before > 0) & (input_ids != pad_id)).long()
+
+
+def load_hf_model(
+    auto_class: str,
+    pretrained_model: str | None,
+    hf_config: dict[str, Any] | None,
+    vocab_size: int,
+    pad_id: int,
+    num_labels: int,
+) -> tuple[nn.Module, dict[str, list[str]]]:
+    """A ``transformers`` model of ``auto_class`` from ``pretrained_model`` (local files only)
+    or, when it is None, initialised at random from ``hf_config`` (``model_type`` default
+    ``bert``; ``vocab_size``/``pad_token_id`` default to the data's).
+
+    Args:
+        auto_class: ``AutoModelForSequenceClassification`` (gets ``num_labels``) or
+            ``AutoModelForMaskedLM``.
+        pretrained_model: see :mod:`xdpx.pretrained` for the accepted forms.
+
+    Returns:
+        ``(model, loading_info)``: missing/unexpected/mismatched keys when loaded (sorted).
+
+    Raises:
+        FileNotFoundError: ``pretrained_model`` does not exist.
+    """
+    import transformers
+
+    from xdpx.pretrained import quiet_transformers, resolve_pretrained
+
+    cls = getattr(transformers, auto_class)
+    overrides = dict(hf_config or {})
+    head = {"num_labels": num_labels} if auto_class.endswith("SequenceClassification") else {}
+    with quiet_transformers():
+        if pretrained_model:
+            model, info = cls.from_pretrained(
+                resolve_pretrained(pretrained_model),
+                local_files_only=True,
+                output_loading_info=True,
+                ignore_mismatched_sizes=True,
+                **head,
+                **overrides,
+            )
+            return model, {
+                k: sorted(str(x) for x in v) for k, v in info.items() if k != "error_msgs"
+            }
+        model_type = overrides.pop("model_type", "bert")
+        overrides.setdefault("vocab_size", vocab_size)
+        overrides.setdefault("pad_token_id", pad_id)
+        config = transformers.AutoConfig.for_model(model_type, **head, **overrides)
+        return cls.from_config(config), {}
 
 
 class HFClassifier(nn.Module):
@@ -79,6 +129,8 @@ class HFClassifier(nn.Module):
 
     #: ``train.learning_rate: null`` means this (transformers.TrainingArguments' default).
     default_learning_rate = 5e-5
+    #: the ``transformers`` auto class that builds the model
+    auto_class = "AutoModelForSequenceClassification"
 
     def __init__(
         self,
@@ -93,32 +145,9 @@ class HFClassifier(nn.Module):
         freeze_embeddings: bool = False,
     ) -> None:
         super().__init__()
-        from transformers import AutoConfig, AutoModelForSequenceClassification
-
-        overrides = dict(hf_config or {})
-        self.loading_info: dict[str, list[str]] = {}
-        from xdpx.pretrained import quiet_transformers, resolve_pretrained
-
-        with quiet_transformers():
-            if pretrained_model:
-                local = resolve_pretrained(pretrained_model)
-                self.hf, info = AutoModelForSequenceClassification.from_pretrained(
-                    local,
-                    num_labels=num_labels,
-                    local_files_only=True,
-                    output_loading_info=True,
-                    ignore_mismatched_sizes=True,
-                    **overrides,
-                )
-                self.loading_info = {
-                    k: sorted(str(x) for x in v) for k, v in info.items() if k != "error_msgs"
-                }
-            else:
-                model_type = overrides.pop("model_type", "bert")
-                overrides.setdefault("vocab_size", vocab_size)
-                overrides.setdefault("pad_token_id", pad_id)
-                config = AutoConfig.for_model(model_type, num_labels=num_labels, **overrides)
-                self.hf = AutoModelForSequenceClassification.from_config(config)
+        self.hf, self.loading_info = load_hf_model(
+            self.auto_class, pretrained_model, hf_config, vocab_size, pad_id, num_labels
+        )
         rows = self.hf.get_input_embeddings().num_embeddings
         if vocab_size > rows:
             raise ValueError(
@@ -173,7 +202,7 @@ class HFClassifier(nn.Module):
         classification head (Sun et al. 2019, "How to Fine-Tune BERT for Text Classification").
         """
         inner = name.removeprefix("hf.")
-        if inner.startswith(HEAD_PREFIXES) or ".pooler." in f".{inner}":
+        if self.is_head(name) or ".pooler." in f".{inner}":
             return self.num_layers + 1
         parts = inner.split(".")
         for i, part in enumerate(parts[:-1]):
@@ -197,3 +226,145 @@ class HFClassifier(nn.Module):
         if self.use_token_types:
             kwargs["token_type_ids"] = pair_token_type_ids(input_ids, self.sep_id, self.pad_id)
         return self.hf(input_ids=input_ids, **kwargs).logits
+
+
+#: Parameter-name prefixes of masked-LM heads (BERT's ``cls.``, RoBERTa's ``lm_head.``).
+MLM_HEAD_PREFIXES = ("cls.", "lm_head.")
+
+
+def _read_weights(directory: str, keys: list[str]) -> dict[str, torch.Tensor]:
+    """The tensors named ``keys`` from the safetensors weight files of a pretrained directory
+    (keys not found there are left out)."""
+    import glob
+    import os
+
+    from safetensors import safe_open
+
+    out: dict[str, torch.Tensor] = {}
+    for path in sorted(glob.glob(os.path.join(directory, "*.safetensors"))):
+        with safe_open(path, "pt") as f:
+            for key in set(keys) & set(f.keys()):
+                out[key] = f.get_tensor(key)
+    return out
+
+
+class HFMaskedLM(HFClassifier):
+    """``hf_mlm``: a transformers ``AutoModelForMaskedLM`` for ``train.task: mlm``.
+
+    Maps ``input_ids [batch, seq_len]`` to ``logits [batch, seq_len, vocab_size]`` (the
+    token predictions at every position; :mod:`xdpx.mlm` draws the masks and the loss).
+    The constructor arguments are :class:`HFClassifier`'s (``num_labels`` is kept only so
+    config.json has the same keys) plus ``carried``.
+
+    Weights of the pretrained checkpoint that the masked-LM architecture does not use
+    (BERT's pooler: ``BertForMaskedLM`` has none) are *carried*: kept unchanged as
+    buffers, saved in xdpx checkpoints, and written back by :meth:`save_pretrained`, so
+    fine-tuning from the adapted model starts from the same pooler as fine-tuning from the
+    original one.
+
+    Args:
+        carried: ``{key: shape}`` of carried weights, as :meth:`saved_config` records them
+            (None: read them from ``pretrained_model``).
+    """
+
+    auto_class = "AutoModelForMaskedLM"
+
+    def __init__(
+        self,
+        vocab_size: int,
+        num_labels: int,
+        pad_id: int = 0,
+        pretrained_model: str | None = None,
+        hf_config: dict[str, Any] | None = None,
+        sep_id: int | None = None,
+        pair: bool = False,
+        gradient_checkpointing: bool = False,
+        freeze_embeddings: bool = False,
+        carried: dict[str, list[int]] | None = None,
+    ) -> None:
+        super().__init__(
+            vocab_size, num_labels, pad_id, pretrained_model, hf_config, sep_id, pair,
+            gradient_checkpointing, freeze_embeddings,
+        )  # fmt: skip
+        self.carried = nn.Module()
+        if carried is None:
+            carried = {}
+            unused = self.loading_info.get("unexpected_keys", [])
+            if unused and pretrained_model:
+                from xdpx.pretrained import resolve_pretrained
+
+                for key, t in _read_weights(resolve_pretrained(pretrained_model), unused).items():
+                    self.carried.register_buffer(key.replace(".", "__"), t.clone())
+                    carried[key] = list(t.shape)
+        else:
+            for key, shape in carried.items():
+                self.carried.register_buffer(key.replace(".", "__"), torch.zeros(shape))
+        self._init_args["carried"] = carried
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """Token predictions.
+
+        Args:
+            input_ids: ``[batch, seq_len]`` int64, right-padded.
+            labels: ``[batch, seq_len]`` (``xdpx.mlm``: original ids at masked positions,
+                -100 elsewhere) or None.
+
+        Returns:
+            None labels: ``logits [batch, seq_len, vocab_size]``; else the logits of the
+            masked positions only, ``[n_masked, vocab_size]`` in row-major order (the head
+            is position-wise, so this equals selecting from the full logits, at ~15% of the
+            head's cost: its vocabulary projection is as costly as the whole encoder for
+            MiniLM-L6).
+        """
+        if labels is None:
+            return super().forward(input_ids)
+        kwargs: dict[str, torch.Tensor] = {"attention_mask": (input_ids != self.pad_id).long()}
+        if self.use_token_types:
+            kwargs["token_type_ids"] = pair_token_type_ids(input_ids, self.sep_id, self.pad_id)
+        head = getattr(self.hf, "cls", None) or getattr(self.hf, "lm_head", None)
+        if head is None:  # an architecture with another head name: full logits, then select
+            return self.hf(input_ids=input_ids, **kwargs).logits[labels != -100]
+        hidden = self.hf.base_model(input_ids=input_ids, **kwargs)[0]
+        return head(hidden[labels != -100])
+
+    def saved_config(self) -> dict[str, Any]:
+        """:meth:`HFClassifier.saved_config` plus the carried weights' shapes."""
+        return {**super().saved_config(), "carried": self._init_args["carried"]}
+
+    def is_head(self, name: str) -> bool:
+        """True for parameters of the masked-LM head."""
+        return name.removeprefix("hf.").startswith(MLM_HEAD_PREFIXES)
+
+    def save_pretrained(self, path: str, tokenizer_dir: str | None = None) -> None:
+        """Write a ``from_pretrained`` directory (config.json, model.safetensors and, from
+        ``tokenizer_dir``, the tokenizer files) that ``train.pretrained_model`` and
+        ``prepro.tokenizer_path`` accept; atomic (temporary sibling, then replace).
+
+        Args:
+            path: destination directory (local or remote).
+            tokenizer_dir: the tokenizer the data were prepared with (``prepro.tokenizer_path``);
+                None when prepro used xdpx's own vocabulary (no tokenizer files then).
+        """
+        from transformers import AutoTokenizer
+
+        from xdpx import io
+        from xdpx.pretrained import quiet_transformers, resolve_pretrained
+
+        state = dict(self.hf.state_dict())
+        prefix = self.hf.base_model_prefix
+        for key in self._init_args["carried"]:
+            name = key if key.startswith(f"{prefix}.") else f"{prefix}.{key}"
+            state[name] = getattr(self.carried, key.replace(".", "__")).detach().clone()
+        tmp = io.tmp_sibling(path)
+        try:
+            with quiet_transformers():
+                self.hf.save_pretrained(tmp, state_dict=state)
+                if tokenizer_dir:
+                    tok = AutoTokenizer.from_pretrained(
+                        resolve_pretrained(tokenizer_dir), local_files_only=True
+                    )
+                    tok.save_pretrained(tmp)
+            io.replace_dir(tmp, path, marker="config.json")
+        except BaseException:
+            io.rm(tmp, recursive=True)
+            raise
