@@ -201,6 +201,8 @@ def xdpx_pipeline(
     overrides: list[str] | None = None,
     io_retry_delays: tuple[float, ...] = IO_RETRY_DELAYS,
     prepro_tasks: bool = False,
+    pretrain: str | None = None,
+    pretrain_overrides: list[str] | None = None,
 ) -> dict[str, dict]:
     """Run every stage in DAG order with ``params`` plus ``section.key=value`` overrides.
 
@@ -212,6 +214,10 @@ def xdpx_pipeline(
         prepro_tasks: map prepro's per-file work (a counting pass per train file, an
             encoding pass per raw file) as ``prepro-file`` task runs on the flow's task
             runner, e.g. a Dask cluster (:func:`with_dask`); False: one ``prepro`` task.
+        pretrain: a params file of a ``train.task: mlm`` run (``params/pretrain-minilm.yaml``)
+            plus ``pretrain_overrides``: after prepro, a ``pretrain`` task runs it on the
+            flow's prepared data (``train.data_dir`` = ``prepro.data_dir``), and ``train``
+            fine-tunes its ``<save_dir>/pretrained`` (``train.pretrained_model``).
 
     Returns:
         stage name -> that stage's result as a dict.
@@ -230,8 +236,30 @@ def xdpx_pipeline(
         if name == "prepro" and prepro_tasks:
             results[name] = _prepro_mapped(cfg.prepro, delays)
             continue
+        if name == "train" and pretrain:
+            pre = _pretrain_params(pretrain, pretrain_overrides or [], cfg)
+            results["pretrain"] = stage_task.with_options(
+                name="pretrain", task_run_name="pretrain"
+            )(pre)
+            init = RunDir(pre.train.save_dir).pretrained
+            cfg = cfg.model_copy(
+                update={"train": cfg.train.model_copy(update={"pretrained_model": init})}
+            )
         results[name] = stage_task(cfg)
     return results
+
+
+def _pretrain_params(path: str, overrides: list[str], cfg: Params) -> Params:
+    """The MLM run's params: ``path`` + ``overrides``, on the flow's prepared data.
+
+    Raises:
+        ConfigError: bad params, or not a ``task: mlm`` run.
+    """
+    pre = load_params(path, overrides)
+    if pre.train.task != "mlm":
+        raise ConfigError(f"pretrain={path}: train.task is {pre.train.task!r}, expected mlm")
+    train = pre.train.model_copy(update={"data_dir": cfg.prepro.data_dir})
+    return pre.model_copy(update={"train": train})
 
 
 def with_dask(address: str | None = None, n_workers: int = 2) -> Any:

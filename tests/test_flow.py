@@ -228,3 +228,30 @@ def test_flow_on_a_local_dask_cluster_prepares_raw_shards_and_trains_lazily(
     result = state.result()
     assert result["train"]["samples_seen"] > 0
     assert (tmp_path / "models/default/best/model.safetensors").exists()
+
+
+def test_flow_pretrains_with_mlm_then_fine_tunes_the_adapted_model(
+    prefect_server, tmp_path, monkeypatch
+):
+    """``pretrain=params/pretrain-minilm.yaml``: a ``pretrain`` task (task=mlm on the flow's
+    prepared data) runs before ``train``, which fine-tunes its ``pretrained/`` directory."""
+    from pathlib import Path
+
+    from flows.pipeline import xdpx_pipeline
+
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(tmp_path)
+    common = ["train.max_update=2", "train.batch_size=8", "train.threads=1"]
+    results = xdpx_pipeline(
+        params=str(repo / "params/bert-minilm.yaml"),
+        overrides=["fetch.limit=300", "prepro.max_len=32", "export.num_samples=8", *common],
+        pretrain=str(repo / "params/pretrain-minilm.yaml"),
+        pretrain_overrides=["train.save_dir=models/mlm", *common],
+    )
+    assert list(results)[:4] == ["fetch", "prepro", "pretrain", "train"]
+    assert results["pretrain"]["num_updates"] == 2
+    assert set(results["pretrain"]["best_valid"]) == {"loss", "perplexity", "accuracy"}
+    params = (tmp_path / "models/minilm/params.yaml").read_text()
+    assert "pretrained_model: models/mlm/pretrained" in params
+    assert (tmp_path / "models/mlm/pretrained/tokenizer.json").exists()
+    assert results["export"]["parity"]["max_abs_diff"] <= 1e-4
