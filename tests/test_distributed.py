@@ -105,3 +105,32 @@ def test_ddp_last_window_is_exact_with_an_odd_train_size(real_subset, tmp_path, 
     ids = pd.read_csv(ddp / "samples.log.tsv", sep="\t")["sample_ids"]
     seen = [int(i) for row in ids for i in str(row).split(",")]
     assert sorted(seen) == list(range(n_train))  # every sample once, none twice
+
+
+def test_ddp_mlm_two_processes_equal_single_process(real_subset, tmp_path):
+    """task=mlm under DDP: the masks of a sample do not depend on its rank and the loss is
+    divided by the whole window's masked tokens, so 2 ranks x batch 8 == 1 process x 16."""
+    _, prepared = real_subset
+    mlm = {
+        "task": "mlm",
+        "model": "hf_mlm",
+        "major_metric": "loss",
+        "mask_whole_words": True,
+        "hf_config": {
+            "hidden_size": 32,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "intermediate_size": 64,
+            "max_position_embeddings": 160,
+            "hidden_dropout_prob": 0.0,
+            "attention_probs_dropout_prob": 0.0,
+        },
+    }
+    single = train(tmp_path, prepared, "mlm_single", 1, batch_size=16, **mlm)
+    ddp = train(tmp_path, prepared, "mlm_ddp", 2, batch_size=8, **mlm)
+    assert_same_weights(single, ddp)
+    logs = [pd.read_csv(r / "train.log.tsv", sep="\t") for r in (single, ddp)]
+    pd.testing.assert_series_equal(logs[1]["loss"], logs[0]["loss"], rtol=1e-5)
+    pd.testing.assert_series_equal(logs[1]["grad_norm"], logs[0]["grad_norm"], rtol=1e-4)
+    valid = [pd.read_csv(r / "valid.log.tsv", sep="\t") for r in (single, ddp)]
+    pd.testing.assert_series_equal(valid[1]["perplexity"], valid[0]["perplexity"], rtol=1e-5)

@@ -295,3 +295,25 @@ def test_adapted_minilm_is_accepted_for_fine_tuning(tmp_path):
     train_stage.run(params.train)
     info = json.loads((ft / "loading_info.json").read_text())
     assert info["missing_keys"] == ["classifier.bias", "classifier.weight"]  # pooler loaded
+
+
+@pytest.mark.integration
+def test_evaluate_predict_export_refuse_an_mlm_checkpoint_naming_the_fix(real_subset, tmp_path):
+    from stages import evaluate, export, predict
+    from stages import train as train_stage
+    from xdpx.config import EvaluateConfig, ExportConfig, PredictConfig
+    from xdpx.config import load_params as lp
+
+    raw, prepared = real_subset
+    run = tmp_path / "mlm"
+    train_stage.run(lp(str(_mlm_params(tmp_path, prepared, run, max_update=1))).train)
+    ckpt = f"{run}/<best>"
+    for stage, cfg in (
+        (evaluate, EvaluateConfig(checkpoint=ckpt, data_dir=prepared, metrics_file=str(tmp_path / "m.json"))),
+        (predict, PredictConfig(checkpoint=ckpt, data_file=f"{raw}/test.tsv", out_file=str(tmp_path / "p.tsv"))),
+        (export, ExportConfig(checkpoint=ckpt, data_dir=prepared, out_dir=str(tmp_path / "x"))),
+    ):  # fmt: skip
+        with pytest.raises(
+            ValueError, match=f"masked language model.*pretrained_model={run}/pretrained"
+        ):
+            stage.run(cfg)

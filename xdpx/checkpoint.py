@@ -309,10 +309,18 @@ def check_reader(section: str, cfg: Any) -> Any:
     Raises:
         CheckpointError: the path/alias does not resolve to a complete checkpoint.
         FileNotFoundError: ``data_file`` / prepared ``data_dir`` missing.
-        ValueError: the checkpoint's model does not fit the data.
+        ValueError: the checkpoint's model does not fit the data, or is a masked LM.
         RemoteIOError: an output's object store did not answer (after retries).
     """
     path = resolve_checkpoint(cfg.checkpoint)
+    model = json.loads(io.read_text(io.join(path, "config.json")))["model"]
+    if model == "hf_mlm":
+        run = path.rstrip("/").rpartition("/")[0] or "."
+        raise ValueError(
+            f"{section}.checkpoint {path} is a masked language model (train.task=mlm): it "
+            f"predicts tokens, not labels; fine-tune it first (train.model=hf_classifier, "
+            f"train.pretrained_model={run}/pretrained) and {section} that run"
+        )
     if section == "predict":
         preflight.must_exist(section, "data_file", cfg.data_file)
         outputs: tuple[str, ...] = (cfg.out_file,)
@@ -320,7 +328,6 @@ def check_reader(section: str, cfg: Any) -> Any:
         preflight.must_exist(
             section, "data_dir", PreparedMeta.path_in(cfg.data_dir), "run prepro first"
         )
-        model = json.loads(io.read_text(io.join(path, "config.json")))["model"]
         check_model_fits_data(model, cfg.data_dir, f"{section}.checkpoint {path}: model")
         outputs = (
             (cfg.metrics_file, cfg.confusion_png, cfg.curve_png)
