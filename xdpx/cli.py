@@ -7,7 +7,8 @@ the stage's ``main(argv)`` (``xdpx.stage.stage_main``). The others: ``viz`` (lea
 curves), ``io`` (files on any filesystem), ``script`` (result scripts), ``serve`` (a REPL over
 a trained model), ``doctor`` (environment, config and data checks), ``suite`` (the benchmark
 suite, ``flows.suite``) and ``tune`` (Optuna search with a Hyperband pruner, ``flows.tune``);
-suite and tune orchestrate stages and are imported only when their command runs.
+suite, tune and ``cv`` (k-fold cross-validation, ``flows.cv``) orchestrate stages and are
+imported only when their command runs.
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ _STAGE_COMMANDS = {  # stage (stages.registry.STAGES) -> (command, one-line help
     "train": ("train", "Train a model (the shared Trainer); --nproc N for DDP.", [
         "xdpx train train.learning_rate=3e-4", "xdpx train my_train.yaml --dry",
         "xdpx train model=textcnn learning_rate=1e-3 auto_suffix=true",
-        "xdpx train --nproc 2 batch_size=32", "xdpx train sweep.yaml   # with grid: ..."]),
+        "xdpx train --nproc 2 batch_size=32", "xdpx train sweep.yaml   # with grid: ...",
+        "xdpx train params/pretrain-minilm.yaml   # task: mlm, continual pretraining"]),
     "evaluate": ("eval", "Metrics of a checkpoint (a path, `<run>/<best>` or `<run>/<last>`) on prepared splits.", [
         "xdpx eval", "xdpx eval checkpoint='models/default/<last>' splits=[test]"]),
     "predict": ("pred", "Label + class probabilities for every line of a raw file.", [
@@ -497,6 +499,64 @@ def tune(
         )
     for name, path in result.paths.items():
         typer.echo(f"{name}: {path}")
+
+
+# ------------------------------------------------------------------ cv
+@app.command("cv")
+def cv(
+    args: list[str] = typer.Argument(None, metavar="[PARAMS.yaml] [SECTION.KEY=VALUE]...", help="A params file (default: --params) and overrides, e.g. train.learning_rate=3e-4 cv.seed=2."),
+    folds: int = typer.Option(None, "--folds", "-k", min=2, help="K folds (overrides cv.folds)."),
+    params: str = typer.Option("params.yaml", "--params", "-p", help="Params file used when none is given as an argument."),
+) -> None:  # fmt: skip
+    """k-fold cross-validation of the train config: K train -> evaluate runs, one per fold.
+
+    The train split of `train.data_dir` is cut into K stratified folds (`cv.seed`); fold k
+    trains on the other folds, stops early on dev (kept whole) and is scored on its held-out
+    fold. Prints each fold, then every metric's mean, standard error over folds and Student-t
+    95% interval; writes `cv.report` (reports/cv.json) and `cv.save_dir/fold-<k>/` (data,
+    model, metrics). Folds run one after another here; `python -m flows.cv` runs them at once
+    (Prefect).
+
+    **Examples:**
+
+    `xdpx cv params.yaml --folds 5`
+
+    `xdpx cv --folds 3 train.max_epoch=2 cv.save_dir=/tmp/cv cv.report=/tmp/cv.json`
+
+    `xdpx cv params.yaml --folds 5 train.learning_rate=3e-2 cv.overwrite=true cv.report=reports/cv-lr3e-2.json`
+    """
+    import logging
+
+    from flows.cv import run_cv
+    from xdpx.config import ConfigError, load_params
+
+    logging.basicConfig(level=logging.WARNING)
+    overrides: list[str] = []
+    with _user_errors():
+        for arg in args or []:
+            if "=" in arg and not arg.startswith("-"):
+                overrides.append(arg)
+            elif arg.endswith((".yaml", ".yml")):
+                params = arg
+            else:
+                raise ConfigError(
+                    f"unexpected argument {arg!r}; use [PARAMS.yaml] [section.key=value ...]"
+                )
+        if folds is not None:
+            overrides.append(f"cv.folds={folds}")
+        cfg = load_params(params, overrides)
+
+        def progress(f: dict) -> None:
+            m = f["heldout"]
+            typer.echo(
+                f"fold {f['fold']}: heldout accuracy {m['accuracy']:.4f} macro_f1 "
+                f"{m['macro_f1']:.4f} (train {f['n_train']}, heldout {f['n_heldout']}; "
+                f"{f['seconds']:.0f} s)"
+            )
+
+        report = run_cv(cfg, on_fold=progress)
+    typer.echo(report["table"])
+    typer.echo(f"{report['folds']} folds in {report['seconds']:.0f} s; wrote {cfg.cv.report}")
 
 
 # ------------------------------------------------------------------ entry points

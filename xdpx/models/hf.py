@@ -219,13 +219,16 @@ class HFClassifier(nn.Module):
         their output, as the official FreeLB code does (``xdpx.adversarial``)."""
         return self.hf.get_input_embeddings()
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Args: input_ids ``[batch, seq_len]`` int64. Returns: logits ``[batch, num_labels]``."""
-        mask = input_ids != self.pad_id
-        kwargs: dict[str, torch.Tensor] = {"attention_mask": mask.long()}
+    def _inputs(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The transformers inputs derived from ``input_ids`` (module docstring)."""
+        kwargs = {"input_ids": input_ids, "attention_mask": (input_ids != self.pad_id).long()}
         if self.use_token_types:
             kwargs["token_type_ids"] = pair_token_type_ids(input_ids, self.sep_id, self.pad_id)
-        return self.hf(input_ids=input_ids, **kwargs).logits
+        return kwargs
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Args: input_ids ``[batch, seq_len]`` int64. Returns: logits ``[batch, num_labels]``."""
+        return self.hf(**self._inputs(input_ids)).logits
 
 
 #: Parameter-name prefixes of masked-LM heads (BERT's ``cls.``, RoBERTa's ``lm_head.``).
@@ -318,13 +321,10 @@ class HFMaskedLM(HFClassifier):
         """
         if labels is None:
             return super().forward(input_ids)
-        kwargs: dict[str, torch.Tensor] = {"attention_mask": (input_ids != self.pad_id).long()}
-        if self.use_token_types:
-            kwargs["token_type_ids"] = pair_token_type_ids(input_ids, self.sep_id, self.pad_id)
         head = getattr(self.hf, "cls", None) or getattr(self.hf, "lm_head", None)
         if head is None:  # an architecture with another head name: full logits, then select
-            return self.hf(input_ids=input_ids, **kwargs).logits[labels != -100]
-        hidden = self.hf.base_model(input_ids=input_ids, **kwargs)[0]
+            return super().forward(input_ids)[labels != -100]
+        hidden = self.hf.base_model(**self._inputs(input_ids))[0]
         return head(hidden[labels != -100])
 
     def saved_config(self) -> dict[str, Any]:
