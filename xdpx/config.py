@@ -30,8 +30,10 @@ __all__ = [
     "EvaluateConfig",
     "PredictConfig",
     "ExportConfig",
+    "CVConfig",
     "Params",
     "SECTIONS",
+    "RUN_SECTIONS",
     "load_params",
     "apply_overrides",
     "non_defaults",
@@ -610,6 +612,26 @@ class ExportConfig(_Section):
     opset: int = Field(17, ge=13, description="ONNX opset.")
 
 
+class CVConfig(_Section):
+    """``cv``: k-fold cross-validation of the train config (``xdpx cv``, ``flows/cv.py``).
+
+    Not a DAG stage: ``xdpx cv`` folds ``train.train_subset`` of ``train.data_dir`` into
+    ``folds`` stratified parts and runs train -> evaluate once per fold (``xdpx/cv.py``).
+    """
+
+    folds: int = Field(
+        5, ge=2, description="K: stratified folds of the train split (each held out once)."
+    )
+    seed: int = Field(1, description="Seed of the fold assignment (StratifiedKFold(shuffle=True)).")
+    save_dir: str = Field(
+        "models/cv", description="Output: <save_dir>/fold-<k>/{data,model,metrics.json}."
+    )
+    report: str = Field(
+        "reports/cv.json", description="Per-fold held-out metrics, mean, SE and t 95% interval."
+    )
+    overwrite: bool = Field(False, description="Replace a save_dir that holds a CV run.")
+
+
 SECTIONS: dict[str, type[_Section]] = {
     "fetch": FetchConfig,
     "prepro": PreproConfig,
@@ -617,7 +639,11 @@ SECTIONS: dict[str, type[_Section]] = {
     "evaluate": EvaluateConfig,
     "predict": PredictConfig,
     "export": ExportConfig,
+    "cv": CVConfig,
 }
+#: Sections that are not DAG stages (no dvc.yaml stage, no ``stages.registry.STAGES`` entry):
+#: runs built on the stages, e.g. ``cv`` (``xdpx cv``).
+RUN_SECTIONS = ("cv",)
 
 
 class Params(BaseModel):
@@ -630,6 +656,7 @@ class Params(BaseModel):
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     predict: PredictConfig = Field(default_factory=PredictConfig)
     export: ExportConfig = Field(default_factory=ExportConfig)
+    cv: CVConfig = Field(default_factory=CVConfig)
 
 
 def _suggest(word: str, options: list[str]) -> str:
@@ -959,6 +986,7 @@ OUTPUT_KEYS = {
     "evaluate": "metrics_file",
     "predict": "out_file",
     "export": "out_dir",
+    "cv": "save_dir",
 }
 
 
