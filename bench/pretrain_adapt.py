@@ -130,6 +130,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--finetune-set", nargs="*", default=[], metavar="KEY=VALUE",
         help="overrides of every fine-tuning run (both arms)",
     )  # fmt: skip
+    ap.add_argument(
+        "--reuse-original", default=None, metavar="JSON",
+        help="take the original arm's runs from an earlier --json of the same fine-tuning "
+        "setup (they are bit-identical on one machine) instead of training them again",
+    )  # fmt: skip
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args(argv)
     common = [f"prepro.max_len={args.max_len}", f"train.threads={args.threads}"]
@@ -173,8 +178,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     print(json.dumps(ppl, indent=2))
     runs: dict[str, list[dict[str, Any]]] = {"original": [], "adapted": []}
+    reused: dict[int, dict[str, Any]] = {}
+    if args.reuse_original:
+        earlier = json.loads(io.read_text(args.reuse_original))
+        reused = {r["seed"]: r for r in earlier["finetune"]["original"]}
     for seed in args.seeds:
+        if seed in reused:
+            runs["original"].append(reused[seed])
         for name, init in (("original", original), ("adapted", adapted)):
+            if name == "original" and seed in reused:
+                continue
             r = finetune(ft_params, sub, init, seed, io.join(args.work, f"ft-{name}-{seed}"))
             runs[name].append({"seed": seed, **r})
             print(name, seed, r, flush=True)
