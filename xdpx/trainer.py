@@ -98,9 +98,11 @@ class Trainer:
         teacher_logits: ``[n, num_labels]`` teacher logits aligned with ``train_seqs``
             (``xdpx.distill.load_teacher_logits``): adds the distillation term with
             ``cfg.distill_alpha`` / ``cfg.distill_temperature``. None: plain cross-entropy.
-        mlm: ``train.task: mlm``: the masker (:class:`xdpx.mlm.MaskedLM`). The model then maps
-            ``input_ids`` to ``logits [batch, seq_len, vocab_size]``, each window's samples
-            are masked by (seed, epoch, sample id), the loss is the cross-entropy at masked
+        mlm: ``train.task: mlm``: the masker (:class:`xdpx.mlm.MaskedLM`). The model is then
+            called as ``model(input_ids, labels)`` (both ``[batch, seq_len]``) and returns
+            the logits of the masked positions, ``[n_masked, vocab_size]``
+            (:class:`xdpx.models.HFMaskedLM`); each window's samples are masked by
+            (seed, epoch, sample id), the loss is the cross-entropy at masked
             positions divided by the window's masked tokens (so any micro-batching or rank
             split gives the same update), and evaluation reports MLM loss, perplexity and
             masked-token accuracy (:func:`xdpx.mlm.evaluate_mlm`); labels are unused.

@@ -4,7 +4,8 @@ A single-text model maps ``input_ids [batch, seq_len]`` (int64, 0 = padding)
 to ``logits [batch, num_labels]``. A pair model (``match_esim``, ``siamese``)
 declares ``input_names = ("input_ids", "input_ids2")`` and is called as
 ``model(input_ids, input_ids2)``, each ``[batch, seq_len_i]`` padded to its own
-width. Every model exposes ``min_len`` (shortest sequence it accepts; each input
+width. ``hf_mlm`` (``train.task: mlm``) is the exception: it predicts tokens, ``logits
+[batch, seq_len, vocab_size]`` (:class:`HFMaskedLM`). Every model exposes ``min_len`` (shortest sequence it accepts; each input
 is padded up to it). :func:`input_names` tells the two kinds apart.
 
 A model with a token embedding layer exposes it as ``get_input_embeddings()``

@@ -1,4 +1,5 @@
-"""``hf_classifier``: a Hugging Face ``AutoModelForSequenceClassification`` as an xdpx model.
+"""``hf_classifier``: a Hugging Face ``AutoModelForSequenceClassification`` as an xdpx model;
+``hf_mlm``: an ``AutoModelForMaskedLM`` for ``train.task: mlm`` (:class:`HFMaskedLM`).
 
 Like every xdpx model it maps ``input_ids [batch, seq_len]`` (right-padded with
 ``pad_id``) to ``logits [batch, num_labels]``, so the shared Trainer, evaluate,
