@@ -58,6 +58,7 @@ def mlm_metrics(
 
     cfg = params.train.model_copy(update={"data_dir": data_dir})
     masker = _masker(cfg)
+    torch.manual_seed(0)  # the original's MLM head is new: the same random head every run
     model = HFMaskedLM(vocab_size=len(masker.tokens), num_labels=2, pretrained_model=pretrained)
     out = {}
     for split in splits:
