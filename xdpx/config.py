@@ -201,10 +201,13 @@ class TrainConfig(_Section):
     task: Literal["classification", "mlm"] = Field(
         "classification",
         description="classification (labels) or mlm: masked-language-model training of "
-        "model=hf_mlm on the split's texts, labels unused (README \"Pretraining\").",
+        'model=hf_mlm on the split\'s texts, labels unused (README "Pretraining").',
     )
     mlm_probability: float = Field(
-        0.15, gt=0, le=1, description="task=mlm: share of each text's tokens predicted (BERT: 0.15)."
+        0.15,
+        gt=0,
+        le=1,
+        description="task=mlm: share of each text's tokens predicted (BERT: 0.15).",
     )
     mask_whole_words: bool = Field(
         False,
