@@ -3,7 +3,8 @@
 1. prepro (``--finetune`` params: MiniLM's tokenizer, pinyin) of the whole corpus, and of a
    labelled subset: the first ``--subset`` rows of the train split;
 2. ``task: mlm`` training (``--pretrain`` params) of the shipped MiniLM on the *train* texts
-   (dev for early stopping; the test texts are never seen), at most ``--mlm-updates`` updates;
+   (dev for early stopping; the test texts are never seen): the preset's schedule (1 epoch),
+   or ``--mlm-updates`` updates;
 3. held-out MLM loss/perplexity of the original and the adapted model on dev and test, with
    the same masks (``xdpx.mlm.evaluate_mlm``);
 4. fine-tuning on the subset from the original MiniLM and from the adapted one, same
@@ -11,8 +12,8 @@
    checkpoint, and the per-seed difference, mean +/- standard error over seeds.
 
 Usage:
-    python bench/pretrain_adapt.py --json reports/pretrain.json
-    python bench/pretrain_adapt.py --subset 1000 --seeds 1 2 3 --mlm-updates 200 --max-len 64
+    python bench/pretrain_adapt.py --json reports/pretrain.json      # ~25 min on 2 cores
+    python bench/pretrain_adapt.py --mlm-updates 300 --reuse-original reports/pretrain.json
 """
 
 from __future__ import annotations
@@ -117,9 +118,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--finetune", default="params/bert-minilm.yaml")
     ap.add_argument("--raw", default="data/raw", help="fetch's output (make demo)")
     ap.add_argument("--work", default="/tmp/xdpx-pretrain-adapt")
-    ap.add_argument("--subset", type=int, default=2000, help="labelled train rows for fine-tuning")
+    ap.add_argument("--subset", type=int, default=1000, help="labelled train rows for fine-tuning")
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    ap.add_argument("--mlm-updates", type=int, default=300)
+    ap.add_argument(
+        "--mlm-updates", type=int, default=None, help="MLM updates (default: the preset's 1 epoch)"
+    )
     ap.add_argument("--ft-epochs", type=int, default=2)
     ap.add_argument("--max-len", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
@@ -156,7 +159,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             *common,
             f"prepro.data_dir={full}",
             f"train.data_dir={full}",
-            f"train.max_update={args.mlm_updates}",
+            *([f"train.max_update={args.mlm_updates}"] if args.mlm_updates else []),
             *args.pretrain_set,
         ],
     )
