@@ -223,10 +223,12 @@ def xdpx_pipeline(
         stage name -> that stage's result as a dict.
 
     Raises:
-        xdpx.config.ConfigError: bad params or overrides (before any stage runs).
+        xdpx.config.ConfigError: bad params or overrides, or ``pretrain`` not a ``task: mlm``
+            config (before any stage runs).
         StageError: a stage failed (after its retries, for remote IO errors).
     """
     cfg = load_params(params, overrides or [])
+    pre = _pretrain_params(pretrain, pretrain_overrides or [], cfg) if pretrain else None
     delays = [float(d) for d in io_retry_delays]
     results: dict[str, dict] = {}
     for name in STAGES:
@@ -236,8 +238,7 @@ def xdpx_pipeline(
         if name == "prepro" and prepro_tasks:
             results[name] = _prepro_mapped(cfg.prepro, delays)
             continue
-        if name == "train" and pretrain:
-            pre = _pretrain_params(pretrain, pretrain_overrides or [], cfg)
+        if name == "train" and pre is not None:
             results["pretrain"] = stage_task.with_options(
                 name="pretrain", task_run_name="pretrain"
             )(pre)
@@ -281,7 +282,10 @@ def with_dask(address: str | None = None, n_workers: int = 2) -> Any:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m flows.pipeline [--params params.yaml] [--dask ADDRESS|local:N] [section.key=value ...]``.
+    """``python -m flows.pipeline [--params params.yaml] [--dask ADDRESS|local:N] [--pretrain FILE] [section.key=value ...]``.
+
+    ``--pretrain params/pretrain-minilm.yaml`` runs that ``task: mlm`` config as a
+    ``pretrain`` task before ``train``, which then fine-tunes its ``pretrained/``.
 
     ``--dask tcp://host:8786`` runs the task runs on that Dask scheduler's workers and
     ``--dask local:2`` on a local cluster of 2 worker processes; either maps prepro over
@@ -289,13 +293,15 @@ def main(argv: list[str] | None = None) -> None:
     when the config is bad or a stage fails (the Prefect logs hold the traceback).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    params, dask = "params.yaml", None
-    while argv[:1] and argv[0] in ("--params", "-p", "--dask"):
+    params, dask, pretrain = "params.yaml", None, None
+    while argv[:1] and argv[0] in ("--params", "-p", "--dask", "--pretrain"):
         if len(argv) < 2:
             print(f"error: {argv[0]} needs a value", file=sys.stderr)
             raise SystemExit(2)
         if argv[0] == "--dask":
             dask = argv[1]
+        elif argv[0] == "--pretrain":
+            pretrain = argv[1]
         else:
             params = argv[1]
         argv = argv[2:]
@@ -305,7 +311,7 @@ def main(argv: list[str] | None = None) -> None:
         pipeline = with_dask(None if local else dask, int(dask[6:]) if local else 2)
         kw = {"prepro_tasks": True}
     try:
-        results = pipeline(params=params, overrides=list(argv), **kw)
+        results = pipeline(params=params, overrides=list(argv), pretrain=pretrain, **kw)
     except (ConfigError, StageError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

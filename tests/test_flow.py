@@ -255,3 +255,18 @@ def test_flow_pretrains_with_mlm_then_fine_tunes_the_adapted_model(
     assert "pretrained_model: models/mlm/pretrained" in params
     assert (tmp_path / "models/mlm/pretrained/tokenizer.json").exists()
     assert results["export"]["parity"]["max_abs_diff"] <= 1e-4
+
+
+def test_flow_rejects_a_pretrain_config_that_is_not_mlm_before_running(
+    prefect_server, tmp_path, monkeypatch
+):
+    from pathlib import Path
+
+    from flows.pipeline import xdpx_pipeline
+    from xdpx.config import ConfigError
+
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="train.task is 'classification', expected mlm"):
+        xdpx_pipeline(params="params.yaml", pretrain=str(repo / "params.yaml"))
+    assert not (tmp_path / "data").exists()
