@@ -29,6 +29,7 @@ from xdpx.checkpoint import (
 from xdpx.config import TrainConfig, dump_yaml, non_defaults
 from xdpx.data import VOCAB_FILE, PreparedMeta, Vocab, load_split
 from xdpx.data.lazy import InMemoryData, LazyData, LazySplit, TrainData
+from xdpx.data.vocab import read_tokens
 from xdpx.distill import load_teacher_logits
 from xdpx.inference import as_samples
 from xdpx.mlm import MaskedLM
@@ -313,8 +314,7 @@ def _train(
 
 def _masker(cfg: TrainConfig) -> MaskedLM:
     """The masker of ``task: mlm`` over the prepared data's vocabulary (``vocab.txt``)."""
-    text = io.read_text(io.join(cfg.data_dir, VOCAB_FILE))
-    tokens = text.split("\n")[:-1] if text.endswith("\n") else text.split("\n")
+    tokens = read_tokens(io.join(cfg.data_dir, VOCAB_FILE))
     return MaskedLM(
         tokens, MaskedLM.mask_id_for(tokens), cfg.mlm_probability, cfg.mask_whole_words, cfg.seed
     )

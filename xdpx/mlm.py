@@ -26,14 +26,16 @@ scores the same masked valid split.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
-import unicodedata
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from xdpx.data.tokenizers import is_no_space_letter
 
 __all__ = [
     "EVAL_EPOCH",
@@ -63,21 +65,13 @@ def special_ids(tokens: Sequence[str]) -> np.ndarray:
 
 
 def _is_cjk_char(token: str) -> bool:
-    """One character of a script written without spaces (CJK ideographs, kana, hangul)."""
-    if len(token) != 1:
-        return False
-    cp = ord(token)
-    return (
-        0x4E00 <= cp <= 0x9FFF  # CJK unified ideographs
-        or 0x3400 <= cp <= 0x4DBF  # extension A
-        or 0x20000 <= cp <= 0x2FA1F  # extensions B-F, compatibility supplement
-        or 0xF900 <= cp <= 0xFAFF  # compatibility ideographs
-        or 0x3040 <= cp <= 0x30FF  # hiragana, katakana
-        or 0xAC00 <= cp <= 0xD7AF  # hangul syllables
-    ) and unicodedata.category(token).startswith("L")
+    """A one-letter token of a script written without spaces (prepro's ``auto`` test,
+    :func:`xdpx.data.tokenizers.is_no_space_letter`)."""
+    return len(token) == 1 and is_no_space_letter(token)
 
 
-def _jieba() -> Callable[[str], list[str]]:
+@functools.cache
+def _segmenter() -> Callable[[str], list[str]]:
     """``jieba.lcut`` with its start-up chatter silenced (it logs at DEBUG to stderr)."""
     try:
         import jieba
@@ -138,16 +132,6 @@ def word_ids(
         out[i] = word
         i += 1
     return out
-
-
-_SEGMENTER: Callable[[str], list[str]] | None = None
-
-
-def _segmenter() -> Callable[[str], list[str]]:
-    global _SEGMENTER
-    if _SEGMENTER is None:
-        _SEGMENTER = _jieba()
-    return _SEGMENTER
 
 
 class MaskedLM:
@@ -211,7 +195,7 @@ class MaskedLM:
             out = np.cumsum(~special) - 1
             out[special] = -1
             return out
-        return word_ids([self.tokens[i] for i in ids], self.segment or None)
+        return word_ids([self.tokens[i] for i in ids], self.segment)
 
     def mask(self, ids: np.ndarray, sample_id: int, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """Mask one sequence.

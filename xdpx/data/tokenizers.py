@@ -305,6 +305,16 @@ _NO_SPACE_SCRIPTS = (
 )
 
 
+def is_no_space_letter(ch: str) -> bool:
+    """True for a letter of a script written without spaces between words
+    (:data:`_NO_SPACE_SCRIPTS`, by Unicode character name)."""
+    return (
+        ch.isalpha()
+        and ord(ch) >= 0x0E00
+        and unicodedata.name(ch, "").startswith(_NO_SPACE_SCRIPTS)
+    )
+
+
 def detect_tokenizer(texts: Iterable[str], max_chars: int = 1_000_000) -> tuple[str, float]:
     """Choose ``char`` or ``word`` for ``PreproConfig.tokenizer: auto``.
 
@@ -328,8 +338,7 @@ def detect_tokenizer(texts: Iterable[str], max_chars: int = 1_000_000) -> tuple[
         for ch in text:
             if ch.isalpha():
                 letters += 1
-                if ord(ch) >= 0x0E00 and unicodedata.name(ch, "").startswith(_NO_SPACE_SCRIPTS):
-                    no_space += 1
+                no_space += is_no_space_letter(ch)
         seen += len(text)
         if seen >= max_chars:
             break

@@ -8,10 +8,21 @@ from collections.abc import Iterable, Mapping, Sequence
 from xdpx import io
 from xdpx.data.readers import DataError
 
-__all__ = ["PAD", "UNK", "Vocab", "TargetMap"]
+__all__ = ["PAD", "UNK", "Vocab", "TargetMap", "read_tokens"]
 
 PAD = "[PAD]"
 UNK = "[UNK]"
+
+
+def read_tokens(path: str) -> list[str]:
+    """The lines of a vocab.txt as written (line i = id i), without :meth:`Vocab.load`'s
+    ``[PAD]``/``[UNK]`` prepending: a transformers tokenizer's vocabulary (prepro with
+    ``tokenizer: hf``) keeps its own ids.
+
+    Raises:
+        DataError: missing file, empty line or duplicate token (with ``path:line``).
+    """
+    return _read_lines(path, "vocab")
 
 
 def _read_lines(path: str, what: str) -> list[str]:
