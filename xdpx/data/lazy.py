@@ -29,9 +29,10 @@ import pyarrow.parquet as pq
 
 from xdpx import io
 from xdpx.data.shards import SplitData, flat_column, split_flat, split_shards
+from xdpx.data.shards import load_split as _load_split  # open_train_split
 from xdpx.sampling import epoch_order, shard_epoch_order
 
-__all__ = ["TrainData", "InMemoryData", "LazyData", "LazySplit"]
+__all__ = ["TrainData", "InMemoryData", "LazyData", "LazySplit", "open_train_split"]
 
 
 class TrainData:
@@ -330,3 +331,47 @@ class LazyData(TrainData):
             return "the end of the epoch"
         shard = int(self._shard_order[j])
         return f"shard {shard} ({j + 1}th of the epoch), row {pos - self._starts[j]} of it"
+
+
+def open_train_split(
+    data_dir: str, split: str, seed: int, lazy: bool
+) -> tuple[TrainData, SplitData | None, Iterator[Any] | list[Any]]:
+    """The training split as ``stages.train`` and ``xdpx doctor`` read it.
+
+    Args:
+        data_dir: prepared data directory; split: its split to train on.
+        seed: ``train.seed`` (the epoch orders).
+        lazy: ``train.lazy_load``: one shard at a time (:class:`LazyData`), else the whole
+            split in memory (:class:`InMemoryData`).
+
+    Returns:
+        ``(data, split_data, texts)``: the :class:`TrainData`; the loaded
+        :class:`~xdpx.data.shards.SplitData` (None when lazy); every text of the split
+        (pairs: both sides), a list, or a one-pass iterator when lazy (for
+        ``model.prepare``: ngram_lr's document frequencies).
+
+    Raises:
+        DataError: the split has no shards (names the splits that exist).
+    """
+    from xdpx.data.meta import PreparedMeta
+
+    if lazy:
+        lazy_split = LazySplit(data_dir, split)
+        counts = PreparedMeta.read(data_dir).split(split).label_counts
+        return LazyData(lazy_split, seed, counts), None, _streamed_texts(lazy_split)
+    data = _load_split(data_dir, split)
+    samples = (
+        list(data.input_ids)
+        if data.input_ids2 is None
+        else list(zip(data.input_ids, data.input_ids2, strict=True))
+    )  # xdpx.inference.as_samples, without importing torch here
+    texts = list(data.input_ids) + list(data.input_ids2 or [])
+    return InMemoryData(samples, data.labels, seed), data, texts
+
+
+def _streamed_texts(split: LazySplit) -> Iterator[Any]:
+    """Every text of a split, shard by shard (pairs: each shard's first texts, then its
+    second texts), for ``model.prepare`` (ngram_lr's document frequencies)."""
+    for data in split.iter_shards():
+        yield from data.input_ids
+        yield from data.input_ids2 or []

@@ -15,6 +15,7 @@ A model with a token embedding layer exposes it as ``get_input_embeddings()``
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from torch import nn
@@ -109,6 +110,49 @@ def with_default_learning_rate(train_cfg: Any) -> Any:
     return train_cfg.model_copy(update={"learning_rate": default_learning_rate(train_cfg.model)})
 
 
+def build_for_training(
+    name: str,
+    model_config: dict,
+    vocab_file: str | None,
+    texts: Iterable[Any] | None,
+    seed: int,
+) -> tuple[nn.Module, dict, dict | None]:
+    """Build model ``name`` as ``stages.train`` does before training (and ``xdpx doctor``).
+
+    Seeds torch's RNG with ``seed`` (parameter init by seed: XDPX FAQ), builds the model,
+    lets a model with ``prepare`` (ngram_lr) fit its tables to the training texts, and
+    returns the config that rebuilds it (what ``config.json`` saves).
+
+    Args:
+        name: a ``MODELS`` key; model_config: its constructor arguments
+            (:func:`model_config_from`).
+        vocab_file: the prepared ``vocab.txt`` (``prepare``'s token strings).
+        texts: every training text (id arrays), or None to skip ``prepare`` (a resumed run
+            restores the tables from its checkpoint).
+        seed: ``train.seed``.
+
+    Returns:
+        ``(model, model_config, facts)``: ``facts`` is what ``prepare`` reports, or None.
+
+    Raises:
+        KeyError: unknown model name.
+    """
+    import torch
+
+    from xdpx.data.vocab import Vocab
+
+    torch.manual_seed(seed)
+    model = build_model(name, model_config)
+    facts = None
+    if hasattr(model, "prepare") and texts is not None:  # ngram_lr: sub-word and idf tables
+        assert vocab_file is not None
+        facts = model.prepare(Vocab.load(vocab_file).tokens, texts)
+        model_config = {**model_config, **model.saved_config_updates()}
+    if hasattr(model, "saved_config"):  # hf_classifier: config.json rebuilds it without the hub
+        model_config = model.saved_config()
+    return model, model_config, facts
+
+
 def build_model(name: str, model_config: dict) -> nn.Module:
     """Instantiate ``MODELS[name](**model_config)``.
 
@@ -133,6 +177,7 @@ __all__ = [
     "HFClassifier",
     "HFMaskedLM",
     "build_model",
+    "build_for_training",
     "default_learning_rate",
     "input_names",
     "model_config_from",
