@@ -13,7 +13,7 @@ import os
 import platform
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -27,14 +27,15 @@ from xdpx.checkpoint import (
     resolve_checkpoint,
 )
 from xdpx.config import TrainConfig, dump_yaml, non_defaults
-from xdpx.data import VOCAB_FILE, PreparedMeta, Vocab, load_split
-from xdpx.data.lazy import InMemoryData, LazyData, LazySplit, TrainData
+from xdpx.data import VOCAB_FILE, PreparedMeta, load_split
+from xdpx.data.lazy import LazySplit, open_train_split
 from xdpx.data.vocab import read_tokens
 from xdpx.distill import load_teacher_logits
+from xdpx.errors import PreflightError
 from xdpx.inference import as_samples
 from xdpx.mlm import MaskedLM
 from xdpx.models import (
-    build_model,
+    build_for_training,
     check_model_fits_data,
     default_learning_rate,
     model_config_from,
@@ -175,6 +176,28 @@ def check(cfg: TrainConfig) -> TrainConfig:
     return preflight.check_run_dir(cfg)
 
 
+def preflight_doctor(cfg: TrainConfig) -> None:
+    """``train.preflight_doctor``: run the fast subset of ``xdpx doctor``'s training checks
+    (:data:`xdpx.checklist.FAST`) before anything is written; log each finding.
+
+    Raises:
+        PreflightError: a check failed; the message names each failed check and its fix.
+    """
+    from xdpx.checklist import run_checklist
+
+    def show(c: Any) -> None:
+        level = {"fail": logging.ERROR, "warn": logging.WARNING}.get(c.status, logging.INFO)
+        log.log(level, "preflight_doctor %s", c.line())
+
+    fails = [c for c in run_checklist(cfg, fast=True, on_check=show) if c.status == "fail"]
+    if fails:
+        raise PreflightError(
+            f"train.preflight_doctor: {len(fails)} check(s) failed before training: "
+            + " | ".join(f"{c.name}: {c.detail}" for c in fails)
+            + " (`xdpx doctor` prints the full report; train.preflight_doctor=false skips it)"
+        )
+
+
 @io.stage("train")
 def run(cfg: TrainConfig, on_eval: Callable[[EvalEvent], None] | None = None) -> TrainResult:
     """Train one model; see the module docstring for the outputs.
@@ -195,9 +218,12 @@ def run(cfg: TrainConfig, on_eval: Callable[[EvalEvent], None] | None = None) ->
         ValueError: the checkpoint was trained with an incompatible config.
         DataError: ``distill_from`` is unreadable or not aligned with the training split
             (``xdpx.distill.load_teacher_logits``: names the file and line).
+        PreflightError: ``preflight_doctor`` is on and a check failed (nothing written).
     """
     cfg = check(cfg)
     cfg = with_default_learning_rate(cfg)  # written as such into the run's params.yaml
+    if cfg.preflight_doctor and os.environ.get("RANK", "0") == "0":
+        preflight_doctor(cfg)
     resume_path = _resume_path(cfg)
     previous = RunDir(cfg.save_dir).markers()
     distributed = _init_distributed(cfg)
@@ -208,14 +234,6 @@ def run(cfg: TrainConfig, on_eval: Callable[[EvalEvent], None] | None = None) ->
     finally:
         if distributed:
             dist.destroy_process_group()
-
-
-def _streamed_texts(split: LazySplit) -> Iterator[Any]:
-    """Every text of a split, shard by shard (pairs: each shard's first texts, then its
-    second texts), for ``model.prepare`` (ngram_lr's document frequencies)."""
-    for data in split.iter_shards():
-        yield from data.input_ids
-        yield from data.input_ids2 or []
 
 
 def _train(
@@ -229,19 +247,14 @@ def _train(
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     has_valid = cfg.valid_subset in meta.splits
-    if cfg.lazy_load:  # one shard at a time (xdpx.data.lazy)
-        split = LazySplit(cfg.data_dir, cfg.train_subset)
-        data: TrainData = LazyData(split, cfg.seed, meta.split(cfg.train_subset).label_counts)
-        valid: Any = LazySplit(cfg.data_dir, cfg.valid_subset) if has_valid else None
-        texts: Any = _streamed_texts(split)
-        valid_labels = None
-    else:
-        train = load_split(cfg.data_dir, cfg.train_subset)
-        data = InMemoryData(as_samples(train.input_ids, train.input_ids2), train.labels, cfg.seed)
-        texts = list(train.input_ids) + list(train.input_ids2 or [])  # pairs: both sides
-        split_v = load_split(cfg.data_dir, cfg.valid_subset) if has_valid else None
-        valid = as_samples(split_v.input_ids, split_v.input_ids2) if split_v else None
-        valid_labels = split_v.labels if split_v else None
+    data, train, texts = open_train_split(cfg.data_dir, cfg.train_subset, cfg.seed, cfg.lazy_load)
+    valid: Any = None
+    valid_labels = None
+    if has_valid and cfg.lazy_load:  # scored one shard at a time (xdpx.data.lazy)
+        valid = LazySplit(cfg.data_dir, cfg.valid_subset)
+    elif has_valid:
+        split_v = load_split(cfg.data_dir, cfg.valid_subset)
+        valid, valid_labels = as_samples(split_v.input_ids, split_v.input_ids2), split_v.labels
     if valid is None:
         log.warning("no %r split in %s: no evaluation, best = last", cfg.valid_subset, cfg.data_dir)
     teacher = (
@@ -249,7 +262,6 @@ def _train(
         if cfg.distill_from
         else None
     )
-    torch.manual_seed(cfg.seed)  # parameter init by seed (FAQ)
     model_config = model_config_from(
         cfg.model, cfg, meta.vocab_size, meta.num_labels, meta.pad_id, meta
     )
@@ -259,13 +271,12 @@ def _train(
     if resume_path is not None:  # tables built from the data (ngram_lr's num_features) as saved
         saved = json.loads(io.read_text(io.join(resume_path, "config.json")))["model_config"]
         model_config = {**model_config, **{k: v for k, v in saved.items() if k not in model_config}}
-    model = build_model(cfg.model, model_config)
-    if hasattr(model, "prepare") and resume_path is None:  # ngram_lr: sub-word and idf tables
-        facts = model.prepare(Vocab.load(io.join(cfg.data_dir, VOCAB_FILE)).tokens, texts)
-        model_config = {**model_config, **model.saved_config_updates()}
+    model, model_config, facts = build_for_training(
+        cfg.model, model_config, io.join(cfg.data_dir, VOCAB_FILE),
+        texts if resume_path is None else None, cfg.seed,
+    )  # fmt: skip
+    if facts is not None:
         log.info("model %s prepared from the training data: %s", cfg.model, facts)
-    if hasattr(model, "saved_config"):  # hf_classifier: config.json rebuilds it without the hub
-        model_config = model.saved_config()
     if rank == 0:
         if wipe:
             io.rm(cfg.save_dir, recursive=True)

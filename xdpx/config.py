@@ -421,6 +421,10 @@ class TrainConfig(_Section):
         description="Write a torch.profiler trace of profile_steps updates to <save_dir>/profile/.",
     )
     profile_steps: int = Field(5, ge=1, description="Updates traced when profile is on.")
+    preflight_doctor: bool = Field(
+        False,
+        description="Run xdpx doctor's fast training checks before training; stop on a FAIL.",
+    )
 
     # cross-field rules, one small validator each (pydantic runs them in this order)
     @model_validator(mode="after")

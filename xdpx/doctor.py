@@ -1,36 +1,29 @@
-"""``xdpx doctor``: check the environment, the config and the data before a long run.
+"""``xdpx doctor``: check the environment, the config, the data and the training setup
+before a long run.
 
 The data checks follow the debugging checklists users run by hand when a
 model does not learn: is the label distribution what you think (majority-class
 rate = the accuracy to beat), are test texts also in train (leakage inflates
 scores), how much is truncated by ``max_len``, is the validation split usable
-for early stopping.
+for early stopping. Then :mod:`xdpx.checklist` runs the training checklist on the
+configured model and data (first batch decoded, ``num_labels``, NaN/Inf and ranges,
+label alignment, learning rate, initial loss, padding invariance, gradient flow, data
+order, loss reduction under accumulation, overfitting one batch).
 """
 
 from __future__ import annotations
 
+import json
 import platform
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import numpy as np
 
 from xdpx import io
+from xdpx.checklist import Check, run_checklist
 from xdpx.config import ConfigError, Params, load_params
 
-__all__ = ["Check", "run_checks"]
-
-
-@dataclass
-class Check:
-    """One finding: ``status`` is ``ok``, ``warn`` or ``fail``."""
-
-    status: str
-    name: str
-    detail: str
-
-    def line(self) -> str:
-        """``OK    name: detail`` style, aligned."""
-        return f"{self.status.upper():5} {self.name}: {self.detail}"
+__all__ = ["Check", "run_checks", "write_report"]
 
 
 def _environment() -> list[Check]:
@@ -121,27 +114,62 @@ def _data(params: Params) -> list[Check]:
     return out
 
 
-def run_checks(params_file: str = "params.yaml", overrides: list[str] | None = None) -> list[Check]:
-    """Every check, in order: environment, config, DVC setup, data.
+def run_checks(
+    params_file: str = "params.yaml",
+    overrides: list[str] | None = None,
+    fast: bool = False,
+    on_check: Callable[[Check], None] | None = None,
+) -> list[Check]:
+    """Every check, in order: environment, config, DVC setup, data, then the training
+    checklist (:func:`xdpx.checklist.run_checklist`) when the prepared data exists.
+
+    Args:
+        params_file / overrides: the config (``key=value`` overrides as on the command line).
+        fast: the checklist's fast subset only (what ``train.preflight_doctor`` runs).
+        on_check: called with each finding as it is made (progress output).
 
     Returns:
-        The findings; a ``fail`` means a run would not start.
+        The findings; a ``fail`` means a run would not start or would not learn.
     """
-    out = _environment()
+    out: list[Check] = []
+
+    def emit(checks: list[Check]) -> None:
+        for c in checks:
+            out.append(c)
+            if on_check is not None:
+                on_check(c)
+
+    emit(_environment())
     try:
         params = load_params(params_file, overrides or [])
-        out.append(Check("ok", "config", f"{params_file} valid"))
     except ConfigError as e:
-        out.append(Check("fail", "config", str(e)))
+        emit([Check("fail", "config", str(e))])
         return out
+    emit([Check("ok", "config", f"{params_file} valid")])
     dvc_config = ".dvc/config"
     if io.exists(dvc_config):
         text = io.read_text(dvc_config)
         off = "analytics = false" in text
-        out.append(
-            Check("ok" if off else "warn", "dvc", "analytics off" if off else "analytics on")
-        )
+        emit([Check("ok" if off else "warn", "dvc", "analytics off" if off else "analytics on")])
     else:
-        out.append(Check("warn", "dvc", "no .dvc/config here: run from the project root"))
-    out += _data(params)
+        emit([Check("warn", "dvc", "no .dvc/config here: run from the project root")])
+    emit(_data(params))
+    from xdpx.data import PreparedMeta
+
+    if io.exists(PreparedMeta.path_in(params.train.data_dir)):
+        run_checklist(params.train, fast=fast, on_check=lambda c: emit([c]))
     return out
+
+
+def write_report(checks: list[Check], path: str, params_file: str, overrides: list[str]) -> None:
+    """Write the findings as JSON (atomically): ``{"checks": [...], "counts": {status: n},
+    "seconds", "params", "overrides"}``; each check as :meth:`Check.to_json`."""
+    counts = {s: sum(c.status == s for c in checks) for s in ("ok", "warn", "fail", "skip")}
+    report = {
+        "params": params_file,
+        "overrides": overrides,
+        "counts": counts,
+        "seconds": round(sum(c.seconds for c in checks), 3),
+        "checks": [c.to_json() for c in checks],
+    }
+    io.write_text(path, json.dumps(report, indent=2, ensure_ascii=False) + "\n")

