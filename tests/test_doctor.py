@@ -250,6 +250,45 @@ def test_h_distributed_sampler_ignores_the_epoch(real_subset, monkeypatch):
     assert "shuffling is off" not in check.detail
 
 
+# ---------------------------------------------------------------------------- other findings
+def test_frozen_parameters_are_listed_and_a_hot_init_is_named(real_subset, monkeypatch):
+    _, prepared = real_subset
+    textcnn = MODELS["textcnn"]
+
+    class FrozenEmbedding(textcnn):  # e.g. fixed pretrained word vectors
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            self.embedding.weight.requires_grad_(False)
+
+    monkeypatch.setitem(MODELS, "textcnn", FrozenEmbedding)
+    found = report(prepared, model="textcnn")
+    assert found["grad_flow"].status == "ok"
+    assert "frozen: embedding.weight" in found["grad_flow"].detail
+
+    class Hot(textcnn):  # logits 100x too large at init
+        def forward(self, input_ids):
+            return 100.0 * super().forward(input_ids)
+
+    monkeypatch.setitem(MODELS, "textcnn", Hot)
+    check = report(prepared, model="textcnn")["initial_loss"]
+    assert check.status == "warn" and "confidently wrong" in check.detail
+
+
+def test_detached_loss_fails_grad_flow(real_subset, monkeypatch):
+    _, prepared = real_subset
+    textcnn = MODELS["textcnn"]
+
+    class Detached(textcnn):
+        def forward(self, input_ids):
+            return super().forward(input_ids).detach()
+
+    monkeypatch.setitem(MODELS, "textcnn", Detached)
+    found = report(prepared, model="textcnn")
+    assert found["grad_flow"].status == "fail" and "detached" in found["grad_flow"].detail
+    assert found["overfit_batch"].status == "skip"
+    assert "needs grad_flow to pass" in found["overfit_batch"].detail
+
+
 # ---------------------------------------------------------------------------- command line
 def test_doctor_command_writes_the_json_report(real_subset, tmp_path, monkeypatch):
     from typer.testing import CliRunner
@@ -270,3 +309,6 @@ def test_doctor_command_writes_the_json_report(real_subset, tmp_path, monkeypatc
     assert doc["overrides"] == ["train.update_freq=2"] and doc["counts"]["fail"] == 0
     names = [c["name"] for c in doc["checks"]]
     assert {"first_batch", "padding", "overfit_batch"} <= set(names)
+    fast = CliRunner().invoke(app, ["doctor", "--fast", "train.model=ngram_lr"])
+    assert fast.exit_code == 0, fast.output
+    assert "OK    reduction" in fast.stdout and "overfit_batch" not in fast.stdout

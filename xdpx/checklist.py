@@ -525,7 +525,10 @@ def check_grad_flow(p: Probe) -> Check:
     model = p.model(dropout=True)
     x, y = p.batch(p.first_ids())
     torch.manual_seed(p.cfg.seed)
-    F.cross_entropy(call_model(model, x).float(), y).backward()
+    loss = F.cross_entropy(call_model(model, x).float(), y)
+    if not loss.requires_grad:
+        return Check("fail", "grad_flow", "the loss does not require a gradient: it is detached from the model (a .detach()/.item()/torch.no_grad() in forward, or every parameter frozen)")  # fmt: skip
+    loss.backward()
     frozen, none, zero = [], [], []
     for name, t in model.named_parameters():
         if not t.requires_grad:
@@ -537,7 +540,7 @@ def check_grad_flow(p: Probe) -> Check:
     trainable = sum(1 for t in model.parameters() if t.requires_grad)
     note = f"; frozen: {_names(frozen)}" if frozen else ""
     if len(none) == trainable:
-        return Check("fail", "grad_flow", "no parameter gets a gradient: the loss is detached from the model (a .detach()/.item()/no_grad in forward)")  # fmt: skip
+        return Check("fail", "grad_flow", "no parameter gets a gradient: the loss is detached from the model (a .detach()/.item()/torch.no_grad() in forward)")  # fmt: skip
     if none or zero:
         parts = []
         if none:
@@ -727,8 +730,13 @@ CHECKS: list[tuple[str, Callable[[Probe], Check]]] = [
     ("overfit_batch", check_overfit_batch),
 ]
 
-#: Checks that need a well-formed model and labels (skipped when num_labels/inputs fail).
-_NEED_SOUND = {"initial_loss", "padding", "grad_flow", "reduction", "overfit_batch"}
+#: Checks skipped after a FAIL of another: ``{failed check: checks that need it to pass}``
+#: (sound labels and logits; gradients that reach the model).
+_NEEDS = {
+    "num_labels": {"initial_loss", "padding", "grad_flow", "reduction", "overfit_batch"},
+    "inputs": {"initial_loss", "padding", "grad_flow", "reduction", "overfit_batch"},
+    "grad_flow": {"reduction", "overfit_batch"},
+}
 
 
 def run_checklist(
@@ -746,7 +754,7 @@ def run_checklist(
     Returns:
         The findings in :data:`CHECKS` order. A check that raises becomes a FAIL naming the
         error; the checks that need sound labels and logits are SKIPped after a FAIL of
-        ``num_labels`` or ``inputs``. ``task: mlm`` gets one SKIP: these checks are for
+        ``num_labels`` or ``inputs``, those that need gradients after one of ``grad_flow``. ``task: mlm`` gets one SKIP: these checks are for
         classification.
     """
     out: list[Check] = []
@@ -768,19 +776,21 @@ def run_checklist(
         emit(Check("fail", "model", f"cannot build {cfg.model} on {cfg.data_dir}: {e}"))
         return out
     emit(Check("ok", "model", f"{cfg.model}: {sum(t.numel() for t in probe.template.parameters()):,} parameters, {len(probe.data):,} training samples, built as stages.train does", seconds=time.perf_counter() - start))  # fmt: skip
-    broken = False
+    failed: list[str] = []
     for name, fn in CHECKS:
         if fast and name not in FAST:
             continue
         t0 = time.perf_counter()
-        if broken and name in _NEED_SOUND:
-            c = Check("skip", name, "needs valid labels and logits (see the FAIL above)")
+        blocked = [f for f in failed if name in _NEEDS.get(f, ())]
+        if blocked:
+            c = Check("skip", name, f"needs {' and '.join(blocked)} to pass (see its FAIL above)")
         else:
             try:
                 c = fn(probe)
             except Exception as e:  # noqa: BLE001
                 c = Check("fail", name, f"the check crashed: {type(e).__name__}: {e}")
         c.seconds = time.perf_counter() - t0
-        broken = broken or (name in ("num_labels", "inputs") and c.status == "fail")
+        if c.status == "fail":
+            failed.append(name)
         emit(c)
     return out

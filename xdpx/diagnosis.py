@@ -80,6 +80,8 @@ def find_nonfinite(model: nn.Module, x: Batch, y: torch.Tensor, autocast: Any = 
         return found[0]
     if not torch.isfinite(loss):
         return "the loss itself (every module output was finite)"
+    if not loss.requires_grad:  # detached from every parameter: no gradient to look at
+        return "nothing on re-run (every output finite; the loss has no gradient)"
     grads: list[str] = []
     param_handles = [
         p.register_hook(
