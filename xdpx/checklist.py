@@ -672,7 +672,7 @@ def _grads(model: nn.Module) -> torch.Tensor:
     return torch.cat(parts).double() if parts else torch.zeros(1, dtype=torch.float64)
 
 
-def check_overfit_batch(p: Probe, max_updates: int = 150, max_seconds: float = 30.0) -> Check:
+def check_overfit_batch(p: Probe, max_updates: int = 150, max_seconds: float = 120.0) -> Check:
     """Overfit one fixed batch (the Hugging Face course's test): train the fresh model on the
     first batch (at most 32 samples) with the config's optimizer and peak learning rate
     (constant schedule, no dropout) through the Trainer's own update, until the loss is
@@ -705,7 +705,8 @@ def check_overfit_batch(p: Probe, max_updates: int = 150, max_seconds: float = 3
     except DivergenceError as e:
         return Check("fail", "overfit_batch", f"the loss became NaN/Inf after {len(losses)} updates on one batch ({e}): learning rate {_fmt(p.cfg.learning_rate)} too high, or a numerically unstable layer (see the inputs check)")  # fmt: skip
     first, last, best = losses[0], losses[-1], min(losses)
-    what = f"loss {first:.3f} -> {last:.3f} (best {best:.3f}) in {len(losses) - 1} updates on a fixed batch of {len(ids)}"  # fmt: skip
+    budget = f" (the {max_seconds:g} s budget)" if len(losses) - 1 < max_updates else ""
+    what = f"loss {first:.3f} -> {last:.3f} (best {best:.3f}) in {len(losses) - 1} updates{budget} on a fixed batch of {len(ids)}"  # fmt: skip
     if last > first or last > 2 * best + 0.05:
         cause = f"it rises or jumps: learning rate {_fmt(p.cfg.learning_rate)} too high (lower it 10x)"  # fmt: skip
     elif last > 0.9 * first:
