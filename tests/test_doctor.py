@@ -143,6 +143,19 @@ def test_a_labels_shuffled_against_texts(real_subset, tmp_path):
     assert not save_dir.exists()
 
 
+def test_preflight_doctor_logs_the_checks_and_trains_when_all_pass(real_subset, tmp_path, caplog):
+    _, prepared = real_subset
+    cfg = TrainConfig(
+        data_dir=prepared, save_dir=str(tmp_path / "run"), preflight_doctor=True, threads=1,
+        max_update=5,
+    )  # fmt: skip
+    with caplog.at_level("INFO", logger="xdpx.train"):
+        result = train.run(cfg)
+    assert result.num_updates == 5 and (tmp_path / "run" / "best").is_dir()
+    logged = caplog.text
+    assert "preflight_doctor OK    reduction" in logged and "overfit_batch" not in logged
+
+
 @pytest.mark.parametrize("delta", [1, -1])
 def test_b_num_labels_off_by_one(real_subset, monkeypatch, delta):
     _, prepared = real_subset
