@@ -315,9 +315,30 @@ class NgramLR(nn.Module):
         return rows, values / norm
 
     def _forward_padded(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """The same logits with static shapes (``[batch, num_slots]``), for the ONNX export."""
-        rows, values = self.padded_features(input_ids)
-        return (self.weight(rows) * values.unsqueeze(-1)).sum(dim=1) + self.bias
+        """The same logits, for the ONNX export: :meth:`features` in ops that trace.
+
+        Only the kept features of the batch are sorted (one 1-D sort of ``text * (F + 1) +
+        row`` over the non-zero rows, not ``[batch, num_slots]`` with the padding): the sort
+        (ONNX ``TopK``) dominates onnxruntime's time, and a 2-D sort of every slot took 1.7x
+        as long at batch 64. Per-class 1-D scatter-adds avoid a broadcast ``[n, C]`` scatter,
+        which onnxruntime runs slowly.
+        """
+        rows = self.feature_rows[self.feature_ids(input_ids)]  # [batch, slots] int32, 0 = none
+        flat = rows.reshape(-1)
+        kept = torch.nonzero(flat).squeeze(1)
+        text = torch.div(kept, rows.shape[1], rounding_mode="floor")
+        width = self.num_features + 1
+        key, _ = torch.sort(text * width + flat[kept].to(torch.int64))
+        first, tf = _run_totals(key.unsqueeze(0), torch.ones_like(key, dtype=torch.float32)[None])
+        text = torch.div(key, width, rounding_mode="floor")
+        rows = key - text * width
+        values = torch.where(first[0], self._values(rows, tf[0]), torch.zeros_like(tf[0]))
+        zeros = torch.zeros(input_ids.shape[0], dtype=torch.float32)
+        norm = zeros.scatter_add(0, text, values.square()).sqrt().clamp(min=1e-12)
+        values = values / norm[text]
+        weight = self.weight(rows)  # [n, num_labels]
+        per_class = [zeros.scatter_add(0, text, weight[:, c] * values) for c in range(self.num_labels)]  # fmt: skip
+        return torch.stack(per_class, dim=1) + self.bias
 
     # -------------------------------------------------------------- preparation
     def prepare(
