@@ -310,14 +310,29 @@ def clean_checkpoints(
 # ------------------------------------------------------------------ serve, doctor
 @app.command("serve")
 def serve(
-    run: str = typer.Argument(..., help="Run dir (its <best>), checkpoint dir or <run>/<last>."),
+    run: str = typer.Argument(..., help="Run dir (its export/model.onnx, else its <best>), export dir or checkpoint dir."),
     batch_file: str = typer.Option(None, "--batch-file", "-f", help="Answer every line of this file, then exit."),
+    http: bool = typer.Option(False, "--http", help="Serve over HTTP (POST /predict, KServe V2, /metrics) with dynamic batching."),
+    host: str = typer.Option("127.0.0.1", "--host", help="--http: interface to bind (0.0.0.0 for all)."),
+    port: int = typer.Option(8000, "--port", help="--http: TCP port."),
+    backend: str = typer.Option("auto", "--backend", help="--http: auto (onnxruntime when the run has an export), onnx or eager."),
+    max_batch_size: int = typer.Option(64, "--max-batch-size", min=1, help="--http: texts per model call at most (1 = batching off)."),
+    max_wait_ms: float = typer.Option(5.0, "--max-wait-ms", min=0, help="--http: how long a text may wait for others to batch with, ms."),
+    max_queue: int = typer.Option(1024, "--max-queue", min=1, help="--http: queued texts at most; beyond, 503 with Retry-After."),
+    max_body_bytes: int = typer.Option(1_000_000, "--max-body-bytes", min=1, help="--http: larger request bodies get 413."),
+    threads: int = typer.Option(None, "--threads", min=1, help="--http: onnxruntime/torch threads (default: the library's)."),
 ) -> None:  # fmt: skip
-    """Interactive predictions: type a text (a pair: `text1<TAB>text2`), get label and probabilities.
+    """Predictions for raw text: an interactive REPL, a batch file, or an HTTP server.
 
-    Each answer is `label<TAB>prob_<label1><TAB>...` in the order of the target
-    map, with the same preprocessing and numbers as `xdpx pred`. Reads stdin
-    until EOF (Ctrl-D); `--batch-file` for scripts.
+    Without `--http`: type a text (a pair: `text1<TAB>text2`), get
+    `label<TAB>prob_<label1><TAB>...` in the order of the target map, with the same
+    preprocessing and numbers as `xdpx pred`. Reads stdin until EOF (Ctrl-D);
+    `--batch-file` for scripts.
+
+    With `--http`: a FastAPI server on onnxruntime (the run's export) with dynamic
+    batching (`--max-batch-size`, `--max-wait-ms`): `POST /predict` with
+    `{"texts": [...]}` or `{"pairs": [[a, b], ...]}`, the KServe V2 protocol under
+    `/v2/`, Prometheus metrics at `/metrics`. Ctrl-C / SIGTERM finish in-flight requests.
 
     **Examples:**
 
@@ -326,8 +341,21 @@ def serve(
     `echo "质量很好" | xdpx serve models/default`
 
     `xdpx serve 'models/default/<last>' --batch-file texts.txt > answers.tsv`
+
+    `xdpx serve models/default --http --port 8000`
+
+    `curl -s localhost:8000/predict -H 'content-type: application/json' -d '{"texts": ["质量很好"]}'`
     """
     from xdpx import io
+
+    if http:
+        from xdpx.server import ServeConfig, serve_http
+
+        cfg = ServeConfig(max_batch_size, max_wait_ms, max_queue, max_body_bytes)
+        with _user_errors():
+            typer.echo(f"serving {run} on http://{host}:{port} (POST /predict, /v2/..., /metrics; max_batch_size {max_batch_size}, max_wait_ms {max_wait_ms:g})", err=True)  # fmt: skip
+            serve_http(run, host, port, cfg, backend, threads)
+        return
     from xdpx.serve import Predictor, serve_lines
 
     with _user_errors():

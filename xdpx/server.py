@@ -1,0 +1,595 @@
+"""``xdpx serve RUN --http``: an HTTP server for a run, with dynamic batching.
+
+Raw text in, labels and probabilities out: the run's own preprocessing (tokenizer,
+transliteration, ``lower``, truncation at ``max_len``, exactly as prepro and ``predict``)
+feeds the exported ONNX model on onnxruntime (``<run>/export/model.onnx``), or the eager
+PyTorch checkpoint when there is no export (or ``backend="eager"``).
+
+Endpoints (FastAPI):
+
+* ``POST /predict``: ``{"texts": [...]}`` (pair models: ``{"pairs": [[text1, text2], ...]}``)
+  -> ``{"model", "labels": [...], "probabilities": [[p_label1, ...], ...], "label_names"}``.
+* The Open Inference Protocol (KServe V2): ``GET /v2/health/live``, ``/v2/health/ready``,
+  ``GET /v2/models/{name}`` (metadata), ``/v2/models/{name}/ready``, ``POST
+  /v2/models/{name}/infer`` with a ``BYTES`` input ``text`` (pairs: ``text`` and ``text2``),
+  outputs ``label`` (``BYTES [n]``) and ``probabilities`` (``FP32 [n, num_labels]``).
+* ``GET /metrics``: Prometheus text format (``prometheus_client``): requests by endpoint and
+  status, request latency, model batch sizes, queue depth, rejected requests.
+
+**Dynamic batching** (:class:`DynamicBatcher`; Triton's and TorchServe's terms): the texts
+of concurrent requests wait in one queue; a worker takes up to ``max_batch_size`` of them,
+waiting at most ``max_wait_ms`` after the oldest one arrived, pads them to the batch's own
+longest text, runs one model call in a worker thread (the event loop keeps accepting), and
+hands each request its rows in order. ``max_batch_size=1`` turns batching off.
+
+**Overload and bad input**: the queue holds at most ``max_queue`` texts; a request that
+would overflow it gets ``503`` with ``Retry-After`` and is not queued (every accepted text
+is answered). A body over ``max_body_bytes`` gets ``413``; malformed JSON or a wrong field
+``422`` naming the field (FastAPI's validation errors); an empty text ``422`` naming its
+index; an error in the model call ``500`` for that batch's requests only. On SIGTERM
+uvicorn stops accepting, lets in-flight requests finish, then the batcher stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from xdpx import io
+from xdpx.data import Encoder
+from xdpx.inference import Sample, as_samples, pad_batch, probs_from_logits
+
+log = logging.getLogger("xdpx.server")
+
+__all__ = ["ServeConfig", "ServedModel", "DynamicBatcher", "Overloaded", "create_app", "serve_http"]
+
+
+@dataclass
+class ServeConfig:
+    """Server settings (``xdpx serve --http`` options).
+
+    Attributes:
+        max_batch_size: texts per model call at most (1 = batching off).
+        max_wait_ms: how long the oldest queued text may wait for others, in milliseconds.
+        max_queue: texts waiting at most; beyond, requests get 503.
+        max_body_bytes: request bodies above get 413.
+        retry_after_s: the ``Retry-After`` header of a 503, in seconds.
+    """
+
+    max_batch_size: int = 64
+    max_wait_ms: float = 5.0
+    max_queue: int = 1024
+    max_body_bytes: int = 1_000_000
+    retry_after_s: int = 1
+
+
+# ---------------------------------------------------------------------------- the model
+class ServedModel:
+    """A run's model and preprocessing: texts in, probabilities out.
+
+    Args:
+        run: a run directory (``models/default``: its ``export/model.onnx`` or ``<best>``),
+            an export directory (``model.onnx`` + ``report.json``), or a checkpoint dir.
+        backend: ``auto`` (onnxruntime when an export exists, else eager), ``onnx`` or
+            ``eager``.
+        threads: onnxruntime intra-op / torch threads (None: the library default).
+
+    Attributes:
+        name: the model name in V2 URLs (the run directory's base name).
+        labels: class names in logit order; pair: the model takes text pairs;
+        backend: ``onnx`` or ``eager``; source: the file or directory loaded.
+
+    Raises:
+        FileNotFoundError: ``backend="onnx"`` and no ``model.onnx``; nothing to load.
+        CheckpointError: the checkpoint is incomplete.
+    """
+
+    def __init__(self, run: str, backend: str = "auto", threads: int | None = None) -> None:
+        from xdpx.rundir import RunDir
+
+        run = run.rstrip("/")
+        export_dir = run if io.exists(io.join(run, "model.onnx")) else io.join(run, "export")
+        onnx_path = io.join(export_dir, "model.onnx")
+        has_onnx = io.exists(onnx_path) and io.exists(io.join(export_dir, "report.json"))
+        if backend == "onnx" and not has_onnx:
+            raise FileNotFoundError(
+                f"{onnx_path} (with report.json) not found: run the export stage "
+                f"(xdpx export export.checkpoint={run}/<best>) or serve with --backend eager"
+            )
+        self.name = run.rsplit("/", 1)[-1] or "model"
+        self._lock = threading.Lock()  # one model call at a time (the batcher's thread)
+        if backend in ("auto", "onnx") and has_onnx:
+            import json
+
+            from xdpx.export import ort_session
+
+            report = json.loads(io.read_text(io.join(export_dir, "report.json")))
+            self.session = ort_session(onnx_path, threads)
+            self.input_names = tuple(report["input_names"])
+            self.min_len = int(report.get("min_len", 1))
+            self.encoder = Encoder.from_dir(export_dir)
+            self.backend, self.source, self.model = "onnx", onnx_path, None
+            if self.name == "export":
+                self.name = run.rsplit("/", 2)[-2] if "/" in run else "model"
+        else:
+            import torch
+
+            from xdpx.checkpoint import load_checkpoint
+
+            if threads:
+                torch.set_num_threads(threads)
+            ckpt = run
+            if not io.exists(io.join(run, "model.safetensors")) and io.exists(RunDir(run).best):
+                ckpt = RunDir(run).best_alias
+            loaded = load_checkpoint(ckpt)
+            self.model = loaded.model
+            self.min_len = getattr(self.model, "min_len", 1)
+            self.encoder = Encoder.from_dir(loaded.path)
+            self.backend, self.source, self.session = "eager", loaded.path, None
+        self.pad_id = self.encoder.pad_id
+        self.labels: list[str] = list(self.encoder.labels)
+        self.pair = self.encoder.pair
+        log.info("serving %s (%s, %s) from %s", self.name, self.backend, "pairs" if self.pair else "texts", self.source)  # fmt: skip
+
+    def encode(self, texts: Sequence[str], texts2: Sequence[str] | None = None) -> list[Sample]:
+        """Token ids of raw texts, as prepro stores them (truncated at ``max_len``)."""
+        return as_samples(*self.encoder.encode_inputs(texts, texts2))
+
+    def probs(self, samples: Sequence[Sample]) -> np.ndarray:
+        """``[n, num_labels]`` float64 softmax probabilities of ``samples``, one model call,
+        padded to the batch's longest text (each input of a pair to its own)."""
+        x = pad_batch(samples, self.pad_id, self.min_len)
+        xs = x if isinstance(x, tuple) else (x,)
+        with self._lock:
+            if self.session is not None:
+                feed = {n: t.numpy() for n, t in zip(self.input_names, xs, strict=True)}
+                logits = self.session.run(["logits"], feed)[0]
+            else:
+                import torch
+
+                with torch.inference_mode():
+                    logits = self.model(*xs).float().numpy()
+        return probs_from_logits(logits)
+
+
+# ---------------------------------------------------------------------------- batching
+class Overloaded(Exception):
+    """The queue cannot take the request's texts (the server answers 503)."""
+
+
+@dataclass
+class _Item:
+    sample: Sample
+    future: asyncio.Future
+    arrived: float
+
+
+class DynamicBatcher:
+    """Merges the texts of concurrent requests into model calls (see the module docstring).
+
+    Args:
+        run_batch: ``samples -> [n, num_labels]`` probabilities (one model call; run in a
+            worker thread).
+        config: ``max_batch_size``, ``max_wait_ms``, ``max_queue``.
+        on_batch: called with each model call's size (metrics).
+
+    Call :meth:`start` inside the event loop, :meth:`stop` at shutdown.
+    """
+
+    def __init__(
+        self,
+        run_batch: Callable[[list[Sample]], np.ndarray],
+        config: ServeConfig,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> None:
+        self.run_batch, self.cfg, self.on_batch = run_batch, config, on_batch
+        self.queue: deque[_Item] = deque()
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="xdpx-model")
+
+    @property
+    def depth(self) -> int:
+        """Texts waiting for a model call."""
+        return len(self.queue)
+
+    def start(self) -> None:
+        self._wake = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._work())
+
+    async def stop(self) -> None:
+        """Answer what is queued, then stop the worker."""
+        while self.queue:
+            await asyncio.sleep(0.005)
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        self._pool.shutdown(wait=True)
+
+    async def submit(self, samples: Sequence[Sample]) -> np.ndarray:
+        """Queue ``samples`` and wait for their probabilities ``[n, num_labels]``, in order.
+
+        Raises:
+            Overloaded: the queue has no room for all of them (nothing is queued).
+            Exception: what the model call raised (for this batch's requests only).
+        """
+        if len(self.queue) + len(samples) > self.cfg.max_queue:
+            raise Overloaded(f"{len(self.queue)} texts queued, room for {self.cfg.max_queue}")
+        loop = asyncio.get_running_loop()
+        now = time.perf_counter()
+        items = [_Item(s, loop.create_future(), now) for s in samples]
+        self.queue.extend(items)
+        assert self._wake is not None, "start() the batcher first"
+        self._wake.set()
+        return np.stack(await asyncio.gather(*(i.future for i in items)))
+
+    async def _work(self) -> None:
+        assert self._wake is not None
+        loop = asyncio.get_running_loop()
+        max_wait = self.cfg.max_wait_ms / 1000.0
+        while True:
+            if not self.queue:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            deadline = self.queue[0].arrived + max_wait
+            while len(self.queue) < self.cfg.max_batch_size:
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    break
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), left)
+                except TimeoutError:
+                    break
+            n = min(len(self.queue), self.cfg.max_batch_size)
+            batch = [self.queue.popleft() for _ in range(n)]
+            if self.on_batch is not None:
+                self.on_batch(n)
+            try:
+                probs = await loop.run_in_executor(
+                    self._pool, self.run_batch, [i.sample for i in batch]
+                )
+            except Exception as e:  # noqa: BLE001 - the batch's requests get it, the server lives
+                log.exception("model call on a batch of %d failed", n)
+                for i in batch:
+                    if not i.future.done():
+                        i.future.set_exception(e)
+                continue
+            for i, p in zip(batch, probs, strict=True):
+                if not i.future.done():
+                    i.future.set_result(p)
+
+
+# ---------------------------------------------------------------------------- the app
+class PredictRequest(BaseModel):
+    """``POST /predict``: ``texts`` for a single-text model, ``pairs`` for a pair model."""
+
+    model_config = ConfigDict(extra="forbid")
+    texts: list[str] | None = Field(None, min_length=1)
+    pairs: list[tuple[str, str]] | None = Field(None, min_length=1)
+
+
+class V2Tensor(BaseModel):
+    """A tensor of the Open Inference Protocol (KServe V2) request."""
+
+    name: str
+    shape: list[int]
+    datatype: str
+    data: list[Any]
+    parameters: dict[str, Any] | None = None
+
+
+class V2Request(BaseModel):
+    """``POST /v2/models/{name}/infer``."""
+
+    id: str | None = None
+    inputs: list[V2Tensor] = Field(min_length=1)
+    outputs: list[dict[str, Any]] | None = None
+    parameters: dict[str, Any] | None = None
+
+
+def create_app(model: ServedModel, config: ServeConfig | None = None) -> Any:
+    """The FastAPI application serving ``model`` (see the module docstring).
+
+    Returns:
+        A ``fastapi.FastAPI``; run it with uvicorn (:func:`serve_http`).
+    """
+    from prometheus_client import (
+        CONTENT_TYPE_LATEST,
+        CollectorRegistry,
+        Counter,
+        Gauge,
+        Histogram,
+        generate_latest,
+    )
+
+    cfg = config or ServeConfig()
+    registry = CollectorRegistry()
+    requests = Counter("xdpx_requests", "HTTP requests by endpoint and status code.", ["endpoint", "status"], registry=registry)  # fmt: skip
+    latency = Histogram("xdpx_request_latency_seconds", "Time from request to response, seconds.", ["endpoint"], registry=registry, buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0))  # fmt: skip
+    sizes = [2**k for k in range(int(math.log2(max(cfg.max_batch_size, 1))) + 1)]
+    batch_size = Histogram("xdpx_batch_size", "Texts per model call.", registry=registry, buckets=sorted({*sizes, cfg.max_batch_size}))  # fmt: skip
+    texts_total = Counter("xdpx_texts", "Texts answered.", registry=registry)
+    rejected = Counter("xdpx_rejected", "Requests refused with 503 (queue full).", registry=registry)  # fmt: skip
+    queue_depth = Gauge("xdpx_queue_depth", "Texts waiting for a model call.", registry=registry)  # fmt: skip
+    batcher = DynamicBatcher(model.probs, cfg, on_batch=batch_size.observe)
+    queue_depth.set_function(lambda: batcher.depth)
+    state = {"ready": False}
+
+    @asynccontextmanager
+    async def lifespan(app: Any):
+        batcher.start()
+        state["ready"] = True
+        yield
+        state["ready"] = False
+        await batcher.stop()
+
+    app = FastAPI(title=f"xdpx: {model.name}", lifespan=lifespan)
+
+    app.add_middleware(_Measure, config=cfg, requests=requests, latency=latency)
+
+    async def answer(texts: list[str], texts2: list[str] | None, where: str) -> np.ndarray:
+        for k, t in enumerate(texts):
+            if not t.strip():
+                raise HTTPException(422, f"{where}[{k}]: empty text")
+        if len(texts) > cfg.max_queue:
+            raise HTTPException(413, f"{len(texts)} texts in one request; at most {cfg.max_queue} (max_queue)")  # fmt: skip
+        samples = model.encode(texts, texts2)
+        try:
+            probs = await batcher.submit(samples)
+        except Overloaded as e:
+            rejected.inc()
+            raise HTTPException(503, f"server busy ({e}); retry later", headers={"Retry-After": str(cfg.retry_after_s)}) from None  # fmt: skip
+        texts_total.inc(len(texts))
+        return probs
+
+    @app.post("/predict")
+    async def predict(request: Request) -> Response:
+        body = await _parse(request, PredictRequest)
+        if (body.texts is None) == (body.pairs is None):
+            raise HTTPException(422, "give exactly one of 'texts' (a list of strings) or 'pairs' (a list of [text1, text2])")  # fmt: skip
+        if model.pair and body.pairs is None:
+            raise HTTPException(422, f"{model.name} is a pair model: send 'pairs': [[text1, text2], ...]")  # fmt: skip
+        if not model.pair and body.pairs is not None:
+            raise HTTPException(422, f"{model.name} takes single texts: send 'texts': [...]")  # fmt: skip
+        if body.pairs is not None:
+            texts, texts2 = [p[0] for p in body.pairs], [p[1] for p in body.pairs]
+            probs = await _pairs(texts, texts2)
+        else:
+            probs = await answer(body.texts or [], None, "texts")
+        return _json(
+            {
+                "model": model.name,
+                "label_names": model.labels,
+                "labels": [model.labels[int(i)] for i in probs.argmax(1)],
+                "probabilities": probs.tolist(),
+            }
+        )
+
+    async def _pairs(texts: list[str], texts2: list[str]) -> np.ndarray:
+        for k, (a, b) in enumerate(zip(texts, texts2, strict=True)):
+            if not a.strip() or not b.strip():
+                raise HTTPException(422, f"pairs[{k}]: empty text")
+        return await answer(texts, texts2, "pairs")
+
+    # ---------------------------------------------------------------- Open Inference Protocol
+    def metadata() -> dict[str, Any]:
+        inputs = [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+        if model.pair:
+            inputs.append({"name": "text2", "datatype": "BYTES", "shape": [-1]})
+        return {
+            "name": model.name,
+            "versions": ["1"],
+            "platform": "onnxruntime_onnx" if model.backend == "onnx" else "pytorch_torchscript",
+            "inputs": inputs,
+            "outputs": [
+                {"name": "label", "datatype": "BYTES", "shape": [-1]},
+                {"name": "probabilities", "datatype": "FP32", "shape": [-1, len(model.labels)]},
+            ],
+            "parameters": {"label_names": model.labels, "backend": model.backend},
+        }
+
+    def known(name: str) -> None:
+        if name != model.name:
+            raise HTTPException(404, f"no model {name!r}; this server has {model.name!r}")
+
+    @app.get("/v2/health/live")
+    async def live() -> dict[str, bool]:
+        return {"live": True}
+
+    @app.get("/v2/health/ready")
+    async def ready() -> Any:
+        if not state["ready"]:
+            return JSONResponse({"ready": False}, status_code=503)
+        return {"ready": True}
+
+    @app.get("/v2")
+    async def server_metadata() -> dict[str, Any]:
+        return {"name": "xdpx", "version": "1", "extensions": []}
+
+    @app.get("/v2/models/{name}")
+    async def model_metadata(name: str) -> dict[str, Any]:
+        known(name)
+        return metadata()
+
+    @app.get("/v2/models/{name}/ready")
+    async def model_ready(name: str) -> Any:
+        known(name)
+        return await ready()
+
+    @app.post("/v2/models/{name}/infer")
+    async def infer(name: str, request: Request) -> Response:
+        known(name)
+        body = await _parse(request, V2Request)
+        by_name = {t.name: t for t in body.inputs}
+        wanted = ["text", "text2"] if model.pair else ["text"]
+        for n in wanted:
+            if n not in by_name:
+                raise HTTPException(422, f"inputs: no tensor named {n!r} (this model takes {wanted})")  # fmt: skip
+        columns = []
+        for n in wanted:
+            t = by_name[n]
+            if t.datatype != "BYTES":
+                raise HTTPException(422, f"inputs[{n}].datatype: BYTES expected, got {t.datatype}")  # fmt: skip
+            if math.prod(t.shape) != len(t.data) or not all(isinstance(x, str) for x in t.data):
+                raise HTTPException(422, f"inputs[{n}]: data must be {math.prod(t.shape)} strings (shape {t.shape})")  # fmt: skip
+            columns.append(list(t.data))
+        if model.pair:
+            if len(columns[0]) != len(columns[1]):
+                raise HTTPException(422, "inputs: text and text2 differ in length")
+            probs = await _pairs(columns[0], columns[1])
+        else:
+            probs = await answer(columns[0], None, "inputs[text].data")
+        n = len(probs)
+        labels = [model.labels[int(i)] for i in probs.argmax(1)]
+        flat = probs.astype(np.float32).ravel().tolist()
+        outputs = [
+            {"name": "label", "datatype": "BYTES", "shape": [n], "data": labels},
+            {
+                "name": "probabilities",
+                "datatype": "FP32",
+                "shape": [n, len(model.labels)],
+                "data": flat,
+            },  # fmt: skip
+        ]
+        return _json({"model_name": model.name, "model_version": "1", "id": body.id or str(uuid.uuid4()), "outputs": outputs})  # fmt: skip
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    app.state.batcher = batcher
+    return app
+
+
+def _json(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    """A JSON response serialised by orjson (FastAPI's default walks every value through
+    ``jsonable_encoder`` first, a large share of a small request's time)."""
+    import orjson
+
+    return Response(orjson.dumps(content), status, headers, media_type="application/json")
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class _Measure:
+    """ASGI middleware: ``413`` for a body over ``max_body_bytes`` (by ``Content-Length``, or
+    counted while it streams in), and the request count and latency metrics of every
+    response by endpoint and status. Plain ASGI: Starlette's ``BaseHTTPMiddleware`` costs
+    a task and a memory stream per request."""
+
+    def __init__(self, app: Any, config: ServeConfig, requests: Any, latency: Any) -> None:
+        self.app, self.cfg, self.requests, self.latency = app, config, requests, latency
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = {"code": 500, "sent": False}
+        limit = self.cfg.max_body_bytes
+        size = dict(scope.get("headers") or []).get(b"content-length", b"")
+        seen = 0
+
+        async def counted_receive() -> dict[str, Any]:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise _TooLarge
+            return message
+
+        async def send_status(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status["code"], status["sent"] = message["status"], True
+            await send(message)
+
+        try:
+            if size.isdigit() and int(size) > limit:
+                raise _TooLarge
+            await self.app(scope, counted_receive, send_status)
+        except _TooLarge:
+            if not status["sent"]:
+                body = {"detail": f"request body over the limit of {limit} bytes (max_body_bytes)"}
+                await _json(body, 413)(scope, receive, send_status)
+        app = scope.get("app")
+        endpoint = _endpoint(app, scope) if app is not None else "<unmatched>"
+        self.requests.labels(endpoint, str(status["code"])).inc()
+        self.latency.labels(endpoint).observe(time.perf_counter() - start)
+
+
+def _endpoint(app: FastAPI, scope: dict[str, Any]) -> str:
+    """The route path of a request (``/v2/models/{name}/infer``), for metric labels;
+    ``<unmatched>`` for paths no route serves (their number is unbounded)."""
+    from starlette.routing import Match
+
+    route = scope.get("route")
+    if route is not None:
+        return route.path
+    for route in app.routes:
+        if route.matches(scope)[0] == Match.FULL:
+            return route.path
+    return "<unmatched>"
+
+
+async def _parse(request: Request, model: type[BaseModel]) -> Any:
+    """The JSON body as ``model``, whatever the content type (``curl -d`` sends a form type).
+
+    Raises:
+        HTTPException: 422 with FastAPI's error list (``loc`` names the field), or naming
+            where the JSON is malformed.
+    """
+    import json
+
+    raw = await request.body()
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise HTTPException(422, f"the body is not valid JSON: {e}") from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        errors = [
+            {"loc": ["body", *err["loc"]], "msg": err["msg"], "type": err["type"]}
+            for err in e.errors(include_url=False, include_input=False)
+        ]
+        raise HTTPException(422, errors) from None
+
+
+def serve_http(
+    run: str,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    config: ServeConfig | None = None,
+    backend: str = "auto",
+    threads: int | None = None,
+) -> None:
+    """Load ``run`` and serve it with uvicorn until SIGINT/SIGTERM (graceful: in-flight
+    requests finish). Logs ``listening on http://HOST:PORT`` once ready."""
+    import uvicorn
+
+    model = ServedModel(run, backend, threads)
+    app = create_app(model, config)
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30)
