@@ -1,0 +1,274 @@
+"""``xdpx serve --http``: the real server process on 127.0.0.1, on runs trained and exported
+from the real corpus subset (a single-text ngram_lr and a pair match_ngram), plus the
+dynamic batcher in-process."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pandas as pd
+import pytest
+
+from stages import export, fetch, predict, prepro, train
+from xdpx.config import ExportConfig, FetchConfig, PredictConfig, PreproConfig, TrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def read_tsv(path: Path) -> pd.DataFrame:
+    return pd.read_csv(path, sep="\t", quoting=csv.QUOTE_NONE, keep_default_na=False, dtype=str)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """``python -m xdpx.cli serve RUN --http`` in a child process, ready within 60 s."""
+
+    def __init__(self, run: Path, *options: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "xdpx.cli", "serve", str(run), "--http"]
+        cmd += ["--port", str(self.port), "--threads", "1", *options]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            assert self.proc.poll() is None, self.proc.stderr.read()
+            try:
+                if httpx.get(f"{self.url}/v2/health/ready", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        self.stop()
+        raise AssertionError("the server did not become ready within 60 s")
+
+    def post(self, path: str, **kw) -> httpx.Response:
+        return httpx.post(self.url + path, timeout=30, **kw)
+
+    def metric(self, name: str, labels: str = "") -> float:
+        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        m = re.search(rf"^{re.escape(name + labels)} (\S+)$", text, re.M)
+        return float(m.group(1)) if m else 0.0
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=30)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+
+
+def trained(root: Path, prepared: Path, raw_test: Path, **train_kw) -> dict:
+    """train -> export -> predict (on the raw test file) of one model; returns the paths."""
+    run = root / "run"
+    train.run(
+        TrainConfig(
+            data_dir=str(prepared), save_dir=str(run), max_epoch=2, threads=1, **train_kw
+        )
+    )
+    export.run(
+        ExportConfig(
+            checkpoint=f"{run}/<best>", data_dir=str(prepared), out_dir=str(run / "export")
+        )
+    )
+    out = root / "predictions.tsv"
+    predict.run(PredictConfig(checkpoint=f"{run}/<best>", data_file=str(raw_test), out_file=str(out)))  # fmt: skip
+    return {"run": run, "predictions": read_tsv(out)}
+
+
+@pytest.fixture(scope="module")
+def single(real_subset, tmp_path_factory) -> dict:
+    raw, prepared = real_subset
+    return trained(tmp_path_factory.mktemp("serve-single"), Path(prepared), Path(raw) / "test.tsv")
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory) -> dict:
+    from test_pairs import make_pairs
+
+    root = tmp_path_factory.mktemp("serve-pairs")
+    fetch.run(FetchConfig(out_dir=str(root / "raw"), limit=600, seed=1))
+    (root / "pairs").mkdir()
+    for split in ("train", "dev", "test"):
+        make_pairs(read_tsv(root / "raw" / f"{split}.tsv")).to_csv(
+            root / "pairs" / f"{split}.tsv", sep="\t", index=False
+        )
+    prepro.run(
+        PreproConfig(
+            data_source=str(root / "pairs"), data_dir=str(root / "prepared"),
+            text_column="text1", text2_column="text2", max_len=32,
+        )
+    )  # fmt: skip
+    return trained(root, root / "prepared", root / "pairs" / "test.tsv", model="match_ngram")
+
+
+def probs_of(pred: pd.DataFrame, labels: list[str]) -> np.ndarray:
+    return pred[[f"prob_{x}" for x in labels]].astype(float).to_numpy()
+
+
+# ---------------------------------------------------------------------------- predictions
+@pytest.mark.e2e
+def test_single_text_predictions_equal_stages_predict_and_v2_round_trip(single):
+    pred = single["predictions"]
+    server = Server(single["run"])
+    try:
+        labels, probs = [], []
+        texts = pred["text"].tolist()
+        for i in range(0, len(texts), 37):  # several requests, each a batch of its own
+            r = server.post("/predict", json={"texts": texts[i : i + 37]})
+            assert r.status_code == 200, r.text
+            labels += r.json()["labels"]
+            probs += r.json()["probabilities"]
+        names = r.json()["label_names"]
+        assert labels == pred["pred_label"].tolist()
+        np.testing.assert_allclose(probs, probs_of(pred, names), atol=2e-6)  # TSV: 6 decimals
+        # the Open Inference Protocol
+        meta = httpx.get(f"{server.url}/v2/models/run", timeout=10).json()
+        assert meta["name"] == "run" and meta["platform"] == "onnxruntime_onnx"
+        assert [t["name"] for t in meta["inputs"]] == ["text"]
+        assert meta["outputs"][1] == {"name": "probabilities", "datatype": "FP32", "shape": [-1, 2]}
+        body = {"id": "q1", "inputs": [{"name": "text", "shape": [5], "datatype": "BYTES", "data": texts[:5]}]}  # fmt: skip
+        v2 = server.post("/v2/models/run/infer", json=body).json()
+        assert v2["id"] == "q1" and v2["model_name"] == "run"
+        out = {o["name"]: o for o in v2["outputs"]}
+        assert out["label"]["data"] == labels[:5] and out["probabilities"]["shape"] == [5, 2]
+        np.testing.assert_allclose(np.reshape(out["probabilities"]["data"], (5, 2)), probs[:5], atol=1e-6)  # fmt: skip
+        assert httpx.get(f"{server.url}/v2/health/live", timeout=5).json() == {"live": True}
+        assert server.post("/v2/models/other/infer", json=body).status_code == 404
+    finally:
+        assert server.stop() in (0, -signal.SIGTERM)  # uvicorn re-raises SIGTERM after a graceful stop
+
+
+@pytest.mark.e2e
+def test_pair_predictions_equal_stages_predict(pairs):
+    pred = pairs["predictions"]
+    server = Server(pairs["run"])
+    try:
+        body = {"pairs": [list(p) for p in zip(pred["text1"], pred["text2"], strict=True)]}
+        r = server.post("/predict", json=body)
+        assert r.status_code == 200, r.text
+        assert r.json()["labels"] == pred["pred_label"].tolist()
+        np.testing.assert_allclose(r.json()["probabilities"], probs_of(pred, r.json()["label_names"]), atol=2e-6)  # fmt: skip
+        v2 = {"inputs": [
+            {"name": "text", "shape": [2], "datatype": "BYTES", "data": pred["text1"][:2].tolist()},
+            {"name": "text2", "shape": [2], "datatype": "BYTES", "data": pred["text2"][:2].tolist()},
+        ]}  # fmt: skip
+        out = server.post("/v2/models/run/infer", json=v2).json()["outputs"]
+        assert out[0]["data"] == pred["pred_label"][:2].tolist()
+        single = server.post("/predict", json={"texts": ["a"]})
+        assert single.status_code == 422 and "pair model" in single.text
+    finally:
+        assert server.stop() in (0, -signal.SIGTERM)  # uvicorn re-raises SIGTERM after a graceful stop
+
+
+# ---------------------------------------------------------------------------- overload, bad input
+async def _flood(url: str, texts: list[str]) -> list[httpx.Response]:
+    limits = httpx.Limits(max_connections=len(texts))
+    async with httpx.AsyncClient(limits=limits, timeout=60) as client:
+        return await asyncio.gather(
+            *(client.post(f"{url}/predict", json={"texts": [t]}) for t in texts)
+        )
+
+
+@pytest.mark.e2e
+def test_flood_bad_bodies_metrics_and_graceful_shutdown(single):
+    pred = single["predictions"]
+    expected = dict(zip(pred["text"], pred["pred_label"], strict=False))
+    texts = pred["text"].tolist()[:150]
+    server = Server(
+        single["run"], "--max-queue", "8", "--max-batch-size", "4", "--max-wait-ms", "300",
+        "--max-body-bytes", "20000",
+    )  # fmt: skip
+    try:
+        responses = asyncio.run(_flood(server.url, texts))
+        codes = [r.status_code for r in responses]
+        assert set(codes) <= {200, 503} and codes.count(503) > 0 and codes.count(200) >= 8
+        for text, r in zip(texts, responses, strict=True):
+            if r.status_code == 200:  # every accepted request gets its own answer
+                assert r.json()["labels"] == [expected[text]]
+            else:
+                assert r.headers["retry-after"] == "1" and "busy" in r.json()["detail"]
+        assert server.metric("xdpx_rejected_total") == codes.count(503)
+        ok = '{endpoint="/predict",status="200"}'
+        assert server.metric("xdpx_requests_total", ok) == codes.count(200)
+        assert server.metric("xdpx_texts_total") == codes.count(200)
+        assert server.metric("xdpx_batch_size_sum") == codes.count(200)
+        assert 0 < server.metric("xdpx_batch_size_count") < codes.count(200)  # merged calls
+        assert server.metric("xdpx_queue_depth") == 0
+        # bad bodies: 413 and 422 naming the field; the server lives on
+        big = server.post("/predict", json={"texts": ["好" * 10_000]})
+        assert big.status_code == 413 and "max_body_bytes" in big.text
+        bad_json = server.post("/predict", content=b'{"texts": [')
+        assert bad_json.status_code == 422 and "not valid JSON" in bad_json.text
+        wrong = server.post("/predict", json={"text": ["a"]})
+        assert wrong.status_code == 422 and wrong.json()["detail"][0]["loc"] == ["body", "text"]
+        kind = server.post("/predict", json={"texts": "abc"})
+        assert kind.status_code == 422 and kind.json()["detail"][0]["loc"] == ["body", "texts"]
+        empty = server.post("/predict", json={"texts": ["ok", " "]})
+        assert empty.status_code == 422 and "texts[1]: empty text" in empty.text
+        v2 = server.post("/v2/models/run/infer", json={"inputs": [{"name": "txt", "shape": [1], "datatype": "BYTES", "data": ["a"]}]})  # fmt: skip
+        assert v2.status_code == 422 and "no tensor named 'text'" in v2.text
+        long_text = "很好" * 500  # > max_len 128: truncated as prepro does
+        r = server.post("/predict", json={"texts": [long_text, long_text[:128]]})
+        assert r.status_code == 200 and r.json()["probabilities"][0] == r.json()["probabilities"][1]
+        # graceful shutdown: requests in flight when SIGTERM arrives are answered
+
+        async def in_flight() -> list[int]:
+            async with httpx.AsyncClient(timeout=60) as client:
+                tasks = [asyncio.create_task(client.post(f"{server.url}/predict", json={"texts": [t]})) for t in texts[:3]]  # fmt: skip
+                deadline = time.time() + 10  # queued: they wait max_wait_ms for a 4th text
+                while server.metric("xdpx_queue_depth") < 3 and time.time() < deadline:
+                    await asyncio.sleep(0.01)
+                server.proc.send_signal(signal.SIGTERM)
+                return [r.status_code for r in await asyncio.gather(*tasks)]
+
+        assert asyncio.run(in_flight()) == [200, 200, 200]
+    finally:
+        assert server.stop() in (0, -signal.SIGTERM)  # uvicorn re-raises SIGTERM after a graceful stop
+
+
+# ---------------------------------------------------------------------------- the batcher
+@pytest.mark.unit
+def test_batcher_merges_concurrent_texts_in_order_and_isolates_failures():
+    from xdpx.server import DynamicBatcher, Overloaded, ServeConfig
+
+    calls: list[list[int]] = []
+
+    def run_batch(samples):
+        calls.append([int(s[0]) for s in samples])
+        if any(int(s[0]) < 0 for s in samples):
+            raise ValueError("bad sample")
+        return np.array([[float(s[0]), 1.0] for s in samples])
+
+    async def main():
+        b = DynamicBatcher(run_batch, ServeConfig(max_batch_size=4, max_wait_ms=50, max_queue=10))
+        b.start()
+        reqs = [b.submit([np.array([i]), np.array([i + 100])]) for i in range(5)]
+        out = await asyncio.gather(*reqs)
+        with pytest.raises(Overloaded):
+            await asyncio.gather(b.submit([np.array([1])] * 11))
+        bad = await asyncio.gather(b.submit([np.array([-1])]), return_exceptions=True)
+        good = await b.submit([np.array([7])])
+        await b.stop()
+        return out, bad, good
+
+    out, bad, good = asyncio.run(main())
+    for i, probs in enumerate(out):  # each request gets its own rows, in order
+        assert probs[:, 0].tolist() == [i, i + 100]
+    assert [len(c) for c in calls[:3]] == [4, 4, 2]  # 10 texts in calls of <= 4
+    assert isinstance(bad[0], ValueError) and good[:, 0].tolist() == [7]
