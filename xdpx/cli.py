@@ -317,7 +317,7 @@ def serve(
     port: int = typer.Option(8000, "--port", help="--http: TCP port."),
     backend: str = typer.Option("auto", "--backend", help="--http: auto (onnxruntime when the run has an export), onnx or eager."),
     max_batch_size: int = typer.Option(64, "--max-batch-size", min=1, help="--http: texts per model call at most (1 = batching off)."),
-    max_wait_ms: float = typer.Option(5.0, "--max-wait-ms", min=0, help="--http: how long a text may wait for others to batch with, ms."),
+    max_wait_ms: float = typer.Option(2.0, "--max-wait-ms", min=0, help="--http: how long a text may wait for others to batch with, ms."),
     max_queue: int = typer.Option(1024, "--max-queue", min=1, help="--http: queued texts at most; beyond, 503 with Retry-After."),
     max_body_bytes: int = typer.Option(1_000_000, "--max-body-bytes", min=1, help="--http: larger request bodies get 413."),
     threads: int = typer.Option(None, "--threads", min=1, help="--http: onnxruntime/torch threads (default: the library's)."),

@@ -20,7 +20,10 @@ Endpoints (FastAPI):
 of concurrent requests wait in one queue; a worker takes up to ``max_batch_size`` of them,
 waiting at most ``max_wait_ms`` after the oldest one arrived, pads them to the batch's own
 longest text, runs one model call in a worker thread (the event loop keeps accepting), and
-hands each request its rows in order. ``max_batch_size=1`` turns batching off.
+hands each request its rows in order. Texts that queue up while a call runs form the next
+batch without any wait; a single text after a single-text call (one client at a time) runs
+at once instead of waiting ``max_wait_ms`` for company that is not coming.
+``max_batch_size=1`` turns batching off.
 
 **Overload and bad input**: the queue holds at most ``max_queue`` texts; a request that
 would overflow it gets ``503`` with ``Retry-After`` and is not queued (every accepted text
@@ -72,7 +75,7 @@ class ServeConfig:
     """
 
     max_batch_size: int = 64
-    max_wait_ms: float = 5.0
+    max_wait_ms: float = 2.0
     max_queue: int = 1024
     max_body_bytes: int = 1_000_000
     retry_after_s: int = 1
@@ -202,6 +205,7 @@ class DynamicBatcher:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="xdpx-model")
+        self._last_batch = 1
 
     @property
     def depth(self) -> int:
@@ -250,7 +254,10 @@ class DynamicBatcher:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            deadline = self.queue[0].arrived + max_wait
+            # a lone text after a lone text (one client at a time) runs at once: waiting for
+            # others only pays when requests overlap
+            alone = len(self.queue) == 1 and self._last_batch == 1
+            deadline = self.queue[0].arrived + (0.0 if alone else max_wait)
             while len(self.queue) < self.cfg.max_batch_size:
                 left = deadline - time.perf_counter()
                 if left <= 0:
@@ -261,6 +268,7 @@ class DynamicBatcher:
                 except TimeoutError:
                     break
             n = min(len(self.queue), self.cfg.max_batch_size)
+            self._last_batch = n
             batch = [self.queue.popleft() for _ in range(n)]
             if self.on_batch is not None:
                 self.on_batch(n)
