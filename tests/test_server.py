@@ -176,6 +176,31 @@ def test_pair_predictions_equal_stages_predict(pairs):
         assert server.stop() in (0, -signal.SIGTERM)  # uvicorn re-raises SIGTERM after a graceful stop
 
 
+@pytest.mark.e2e
+def test_int8_export_scores_like_fp32_and_serves(single, real_subset):
+    import json
+
+    _, prepared = real_subset
+    run = single["run"]
+    out = run / "export-int8"
+    export.run(
+        ExportConfig(checkpoint=f"{run}/<best>", data_dir=prepared, out_dir=str(out), quantize="int8")
+    )  # fmt: skip
+    report = json.loads((out / "report.json").read_text())
+    q = report["int8"]
+    assert q["path"] == str(out / "model.int8.onnx") and q["num_samples"] == 120
+    assert q["bytes"] < report["onnx_bytes"]  # int8 weights (the int32 bucket map stays)
+    assert abs(q["accuracy_change_points"]) <= 2.5  # 3 of 120 test texts at most
+    server = Server(out, "--int8")
+    try:
+        pred = single["predictions"]
+        r = server.post("/predict", json={"texts": pred["text"].tolist()})
+        agree = np.mean(np.array(r.json()["labels"]) == pred["pred_label"].to_numpy())
+        assert agree >= 0.95, agree
+    finally:
+        assert server.stop() in (0, -signal.SIGTERM)
+
+
 # ---------------------------------------------------------------------------- overload, bad input
 async def _flood(url: str, texts: list[str]) -> list[httpx.Response]:
     limits = httpx.Limits(max_connections=len(texts))

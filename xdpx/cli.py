@@ -321,6 +321,7 @@ def serve(
     max_queue: int = typer.Option(1024, "--max-queue", min=1, help="--http: queued texts at most; beyond, 503 with Retry-After."),
     max_body_bytes: int = typer.Option(1_000_000, "--max-body-bytes", min=1, help="--http: larger request bodies get 413."),
     threads: int = typer.Option(None, "--threads", min=1, help="--http: onnxruntime/torch threads (default: the library's)."),
+    int8: bool = typer.Option(False, "--int8", help="--http: serve export/model.int8.onnx (export.quantize=int8)."),
 ) -> None:  # fmt: skip
     """Predictions for raw text: an interactive REPL, a batch file, or an HTTP server.
 
@@ -354,7 +355,8 @@ def serve(
         cfg = ServeConfig(max_batch_size, max_wait_ms, max_queue, max_body_bytes)
         with _user_errors():
             typer.echo(f"serving {run} on http://{host}:{port} (POST /predict, /v2/..., /metrics; max_batch_size {max_batch_size}, max_wait_ms {max_wait_ms:g})", err=True)  # fmt: skip
-            serve_http(run, host, port, cfg, backend, threads)
+            onnx_file = "model.int8.onnx" if int8 else "model.onnx"
+            serve_http(run, host, port, cfg, "onnx" if int8 else backend, threads, onnx_file)
         return
     from xdpx.serve import Predictor, serve_lines
 

@@ -617,6 +617,10 @@ class ExportConfig(_Section):
         1e-4, gt=0, description="Max abs logit difference allowed (onnxruntime vs eager)."
     )
     opset: int = Field(17, ge=13, description="ONNX opset.")
+    quantize: Literal["int8"] | None = Field(
+        None,
+        description="int8: also write model.int8.onnx (dynamic int8 weights) with its split accuracy vs fp32 in report.json.",
+    )
 
 
 class CVConfig(_Section):

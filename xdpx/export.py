@@ -57,6 +57,8 @@ __all__ = [
     "parity_batches",
     "check_parity",
     "measure_latency",
+    "quantize_int8",
+    "onnx_accuracy",
 ]
 
 logger = logging.getLogger("xdpx.export")
@@ -422,3 +424,50 @@ def measure_latency(
         "ort_intra_op_threads": session.get_session_options().intra_op_num_threads,
         "batches": batches,
     }
+
+
+def quantize_int8(src: str, dst: str) -> None:
+    """Write ``dst``, ``src`` with int8 weights: onnxruntime's dynamic quantisation
+    (``quantize_dynamic``, ``QInt8`` weights; activations quantised at run time where an
+    operator supports it, e.g. MatMul, Gather). Both paths are local files.
+
+    Raises:
+        RuntimeError: onnxruntime cannot quantise the graph.
+    """
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(src, dst, weight_type=QuantType.QInt8)
+    logger.info("int8 dynamic quantisation: %s -> %s", src, dst)
+
+
+def onnx_accuracy(
+    onnx_path: str,
+    seqs: Sequence[Sample],
+    labels: np.ndarray,
+    input_names_: Sequence[str],
+    min_len: int = 1,
+    pad_id: int = 0,
+    batch_size: int = 256,
+) -> float:
+    """Accuracy of an ONNX classifier on onnxruntime (argmax of ``logits`` vs ``labels``).
+
+    Args:
+        onnx_path: the ``.onnx`` file; seqs: samples (pairs: tuples); labels: ``[n]`` class
+            indices (-1 = unlabelled, skipped); input_names_: the graph's inputs in order.
+
+    Raises:
+        ValueError: no labelled sample.
+    """
+    keep = np.flatnonzero(np.asarray(labels) >= 0)
+    if not len(keep):
+        raise ValueError(f"{onnx_path}: no labelled sample to score")
+    session = ort_session(onnx_path)
+    correct = 0
+    for i in range(0, len(keep), batch_size):
+        idx = keep[i : i + batch_size]
+        x = pad_batch([seqs[j] for j in idx], pad_id, min_len)
+        xs = x if isinstance(x, tuple) else (x,)
+        feed = {n: t.numpy() for n, t in zip(input_names_, xs, strict=True)}
+        pred = session.run([OUTPUT_NAME], feed)[0].argmax(1)
+        correct += int((pred == np.asarray(labels)[idx]).sum())
+    return correct / len(keep)

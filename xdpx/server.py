@@ -91,6 +91,8 @@ class ServedModel:
         backend: ``auto`` (onnxruntime when an export exists, else eager), ``onnx`` or
             ``eager``.
         threads: onnxruntime intra-op / torch threads (None: the library default).
+        onnx_file: the graph in the export directory (``model.int8.onnx``: the int8 one
+            that ``export.quantize: int8`` writes).
 
     Attributes:
         name: the model name in V2 URLs (the run directory's base name).
@@ -102,12 +104,18 @@ class ServedModel:
         CheckpointError: the checkpoint is incomplete.
     """
 
-    def __init__(self, run: str, backend: str = "auto", threads: int | None = None) -> None:
+    def __init__(
+        self,
+        run: str,
+        backend: str = "auto",
+        threads: int | None = None,
+        onnx_file: str = "model.onnx",
+    ) -> None:
         from xdpx.rundir import RunDir
 
         run = run.rstrip("/")
-        export_dir = run if io.exists(io.join(run, "model.onnx")) else io.join(run, "export")
-        onnx_path = io.join(export_dir, "model.onnx")
+        export_dir = run if io.exists(io.join(run, onnx_file)) else io.join(run, "export")
+        onnx_path = io.join(export_dir, onnx_file)
         has_onnx = io.exists(onnx_path) and io.exists(io.join(export_dir, "report.json"))
         if backend == "onnx" and not has_onnx:
             raise FileNotFoundError(
@@ -593,11 +601,12 @@ def serve_http(
     config: ServeConfig | None = None,
     backend: str = "auto",
     threads: int | None = None,
+    onnx_file: str = "model.onnx",
 ) -> None:
     """Load ``run`` and serve it with uvicorn until SIGINT/SIGTERM (graceful: in-flight
     requests finish). Logs ``listening on http://HOST:PORT`` once ready."""
     import uvicorn
 
-    model = ServedModel(run, backend, threads)
+    model = ServedModel(run, backend, threads, onnx_file)
     app = create_app(model, config)
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30)
