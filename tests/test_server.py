@@ -297,3 +297,17 @@ def test_batcher_merges_concurrent_texts_in_order_and_isolates_failures():
         assert probs[:, 0].tolist() == [i, i + 100]
     assert [len(c) for c in calls[:3]] == [4, 4, 2]  # 10 texts in calls of <= 4
     assert isinstance(bad[0], ValueError) and good[:, 0].tolist() == [7]
+
+
+@pytest.mark.unit
+def test_length_chunks_keep_long_texts_apart_and_every_index_once():
+    from xdpx.server import length_chunks
+
+    lengths = [5, 100, 6, 7, 90, 3000, 8, 1]
+    chunks = length_chunks(lengths)
+    assert sorted(i for c in chunks for i in c) == list(range(len(lengths)))
+    assert [5] in chunks  # the 3,000-token text pads nobody
+    for c in chunks:  # padding under half of each chunk's padded area
+        longest = max(lengths[i] for i in c)
+        assert sum(lengths[i] for i in c) >= 0.5 * len(c) * longest
+    assert length_chunks([10] * 5) == [[0, 1, 2, 3, 4]]

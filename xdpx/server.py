@@ -36,6 +36,7 @@ uvicorn stops accepting, lets in-flight requests finish, then the batcher stops.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import math
 import threading
@@ -52,6 +53,7 @@ import numpy as np
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.routing import Match, Route
 
 from xdpx import io
 from xdpx.data import Encoder
@@ -59,7 +61,15 @@ from xdpx.inference import Sample, as_samples, pad_batch, probs_from_logits
 
 log = logging.getLogger("xdpx.server")
 
-__all__ = ["ServeConfig", "ServedModel", "DynamicBatcher", "Overloaded", "create_app", "serve_http"]
+__all__ = [
+    "ServeConfig",
+    "ServedModel",
+    "DynamicBatcher",
+    "Overloaded",
+    "create_app",
+    "length_chunks",
+    "serve_http",
+]
 
 
 @dataclass
@@ -162,20 +172,61 @@ class ServedModel:
         return as_samples(*self.encoder.encode_inputs(texts, texts2))
 
     def probs(self, samples: Sequence[Sample]) -> np.ndarray:
-        """``[n, num_labels]`` float64 softmax probabilities of ``samples``, one model call,
-        padded to the batch's longest text (each input of a pair to its own)."""
+        """``[n, num_labels]`` float64 softmax probabilities of ``samples``, in order.
+
+        The samples are sorted by length and cut into chunks of similar length
+        (:func:`length_chunks`), each padded to its own longest text (each input of a pair
+        to its own) and run as one model call: one long review no longer pads a whole
+        batch of short ones to its width (the n-gram graph's cost grows with the padded
+        width). The models are padding-invariant, so the numbers do not depend on it.
+        """
+        lengths = [sum(len(t) for t in s) if isinstance(s, tuple) else len(s) for s in samples]
+        out: list[np.ndarray] = [None] * len(samples)  # type: ignore[list-item]
+        for chunk in length_chunks(lengths):
+            logits = self._logits([samples[i] for i in chunk])
+            for i, row in zip(chunk, probs_from_logits(logits), strict=True):
+                out[i] = row
+        return np.stack(out)
+
+    def _logits(self, samples: Sequence[Sample]) -> np.ndarray:
+        """One model call: ``[n, num_labels]`` float32 logits of ``samples``."""
         x = pad_batch(samples, self.pad_id, self.min_len)
         xs = x if isinstance(x, tuple) else (x,)
         with self._lock:
             if self.session is not None:
                 feed = {n: t.numpy() for n, t in zip(self.input_names, xs, strict=True)}
-                logits = self.session.run(["logits"], feed)[0]
-            else:
-                import torch
+                return self.session.run(["logits"], feed)[0]
+            import torch
 
-                with torch.inference_mode():
-                    logits = self.model(*xs).float().numpy()
-        return probs_from_logits(logits)
+            with torch.inference_mode():
+                return self.model(*xs).float().numpy()
+
+
+def length_chunks(lengths: Sequence[int], max_padding: float = 0.5) -> list[list[int]]:
+    """Indices of a batch, sorted by length and cut into chunks whose padding stays under
+    ``max_padding`` of the padded area (``1 - tokens / (rows * longest)``), so a long text
+    is batched with texts of its own length.
+
+    Args:
+        lengths: ``[n]`` token counts. max_padding: the most padding a chunk may hold.
+
+    Returns:
+        Chunks of indices into ``lengths``, shortest texts first; together every index once.
+    """
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    chunks: list[list[int]] = []
+    chunk: list[int] = []
+    tokens = 0
+    for i in order:
+        n = max(lengths[i], 1)  # sorted: the newcomer is the chunk's longest
+        if chunk and 1 - (tokens + n) / ((len(chunk) + 1) * n) > max_padding:
+            chunks.append(chunk)
+            chunk, tokens = [], 0
+        chunk.append(i)
+        tokens += n
+    if chunk:
+        chunks.append(chunk)
+    return chunks
 
 
 # ---------------------------------------------------------------------------- batching
@@ -353,6 +404,7 @@ def create_app(model: ServedModel, config: ServeConfig | None = None) -> Any:
 
     @asynccontextmanager
     async def lifespan(app: Any):
+        gc.freeze()  # the loaded model's objects: no more full-GC scans of them per request
         batcher.start()
         state["ready"] = True
         yield
@@ -378,7 +430,6 @@ def create_app(model: ServedModel, config: ServeConfig | None = None) -> Any:
         texts_total.inc(len(texts))
         return probs
 
-    @app.post("/predict")
     async def predict(request: Request) -> Response:
         body = await _parse(request, PredictRequest)
         if (body.texts is None) == (body.pairs is None):
@@ -452,8 +503,8 @@ def create_app(model: ServedModel, config: ServeConfig | None = None) -> Any:
         known(name)
         return await ready()
 
-    @app.post("/v2/models/{name}/infer")
-    async def infer(name: str, request: Request) -> Response:
+    async def infer(request: Request) -> Response:
+        name = request.path_params["name"]
         known(name)
         body = await _parse(request, V2Request)
         by_name = {t.name: t for t in body.inputs}
@@ -488,6 +539,12 @@ def create_app(model: ServedModel, config: ServeConfig | None = None) -> Any:
             },  # fmt: skip
         ]
         return _json({"model_name": model.name, "model_version": "1", "id": body.id or str(uuid.uuid4()), "outputs": outputs})  # fmt: skip
+
+    # the two hot endpoints as plain Starlette routes: FastAPI's per-request dependency
+    # solving was a fifth of a small request's CPU; they parse and validate their bodies
+    # themselves (_parse: the same 422s)
+    app.router.routes.append(Route("/predict", predict, methods=["POST"]))
+    app.router.routes.append(Route("/v2/models/{name}/infer", infer, methods=["POST"]))
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -559,15 +616,20 @@ class _Measure:
 def _endpoint(app: FastAPI, scope: dict[str, Any]) -> str:
     """The route path of a request (``/v2/models/{name}/infer``), for metric labels;
     ``<unmatched>`` for paths no route serves (their number is unbounded)."""
-    from starlette.routing import Match
-
     route = scope.get("route")
     if route is not None:
         return route.path
-    for route in app.routes:
-        if route.matches(scope)[0] == Match.FULL:
-            return route.path
-    return "<unmatched>"
+    key = (scope.get("method"), scope.get("path"))
+    found = _ENDPOINTS.get(key)
+    if found is None:
+        found = next((r.path for r in app.routes if r.matches(scope)[0] == Match.FULL), "<unmatched>")  # fmt: skip
+        if len(_ENDPOINTS) < 1024:  # paths carry model names: bounded
+            _ENDPOINTS[key] = found
+    return found
+
+
+#: ``(method, path) -> route path`` of requests seen (metric labels).
+_ENDPOINTS: dict[tuple[Any, Any], str] = {}
 
 
 async def _parse(request: Request, model: type[BaseModel]) -> Any:
@@ -577,12 +639,12 @@ async def _parse(request: Request, model: type[BaseModel]) -> Any:
         HTTPException: 422 with FastAPI's error list (``loc`` names the field), or naming
             where the JSON is malformed.
     """
-    import json
+    import orjson
 
     raw = await request.body()
     try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
         raise HTTPException(422, f"the body is not valid JSON: {e}") from None
     try:
         return model.model_validate(data)
