@@ -318,10 +318,10 @@ class NgramLR(nn.Module):
         """The same logits, for the ONNX export: :meth:`features` in ops that trace.
 
         Only the kept features of the batch are sorted (one 1-D sort of ``text * (F + 1) +
-        row`` over the non-zero rows, not ``[batch, num_slots]`` with the padding): the sort
-        (ONNX ``TopK``) dominates onnxruntime's time, and a 2-D sort of every slot took 1.7x
-        as long at batch 64. Per-class 1-D scatter-adds avoid a broadcast ``[n, C]`` scatter,
-        which onnxruntime runs slowly.
+        row`` over the non-zero rows, not every slot of ``[batch, num_slots]`` with the
+        padding), and the weights and idf are gathered for those only: the sort (ONNX
+        ``TopK``) dominates onnxruntime's time. Per-class 1-D scatter-adds avoid a broadcast
+        ``[n, C]`` scatter, which onnxruntime runs slowly (README "Serving over HTTP").
         """
         rows = self.feature_rows[self.feature_ids(input_ids)]  # [batch, slots] int32, 0 = none
         flat = rows.reshape(-1)
