@@ -77,9 +77,7 @@ def trained(root: Path, prepared: Path, raw_test: Path, **train_kw) -> dict:
     """train -> export -> predict (on the raw test file) of one model; returns the paths."""
     run = root / "run"
     train.run(
-        TrainConfig(
-            data_dir=str(prepared), save_dir=str(run), max_epoch=2, threads=1, **train_kw
-        )
+        TrainConfig(data_dir=str(prepared), save_dir=str(run), max_epoch=2, threads=1, **train_kw)
     )
     export.run(
         ExportConfig(
@@ -151,7 +149,10 @@ def test_single_text_predictions_equal_stages_predict_and_v2_round_trip(single):
         assert httpx.get(f"{server.url}/v2/health/live", timeout=5).json() == {"live": True}
         assert server.post("/v2/models/other/infer", json=body).status_code == 404
     finally:
-        assert server.stop() in (0, -signal.SIGTERM)  # uvicorn re-raises SIGTERM after a graceful stop
+        assert server.stop() in (
+            0,
+            -signal.SIGTERM,
+        )  # uvicorn re-raises SIGTERM after a graceful stop
 
 
 @pytest.mark.e2e
@@ -173,7 +174,10 @@ def test_pair_predictions_equal_stages_predict(pairs):
         single = server.post("/predict", json={"texts": ["a"]})
         assert single.status_code == 422 and "pair model" in single.text
     finally:
-        assert server.stop() in (0, -signal.SIGTERM)  # uvicorn re-raises SIGTERM after a graceful stop
+        assert server.stop() in (
+            0,
+            -signal.SIGTERM,
+        )  # uvicorn re-raises SIGTERM after a graceful stop
 
 
 @pytest.mark.e2e
@@ -199,6 +203,18 @@ def test_int8_export_scores_like_fp32_and_serves(single, real_subset):
         assert agree >= 0.95, agree
     finally:
         assert server.stop() in (0, -signal.SIGTERM)
+
+
+@pytest.mark.integration
+def test_eager_backend_gives_the_onnx_numbers(single):
+    from xdpx.server import ServedModel
+
+    texts = single["predictions"]["text"].tolist()
+    eager, onnx = ServedModel(str(single["run"]), "eager"), ServedModel(str(single["run"]))
+    assert (eager.backend, onnx.backend) == ("eager", "onnx")
+    np.testing.assert_allclose(eager.probs(eager.encode(texts)), onnx.probs(onnx.encode(texts)), atol=1e-6)  # fmt: skip
+    with pytest.raises(FileNotFoundError, match="run the export stage"):
+        ServedModel(str(single["run"] / "best"), "onnx")
 
 
 # ---------------------------------------------------------------------------- overload, bad input
@@ -264,7 +280,10 @@ def test_flood_bad_bodies_metrics_and_graceful_shutdown(single):
 
         assert asyncio.run(in_flight()) == [200, 200, 200]
     finally:
-        assert server.stop() in (0, -signal.SIGTERM)  # uvicorn re-raises SIGTERM after a graceful stop
+        assert server.stop() in (
+            0,
+            -signal.SIGTERM,
+        )  # uvicorn re-raises SIGTERM after a graceful stop
 
 
 # ---------------------------------------------------------------------------- the batcher

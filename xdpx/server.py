@@ -121,8 +121,6 @@ class ServedModel:
         threads: int | None = None,
         onnx_file: str = "model.onnx",
     ) -> None:
-        from xdpx.rundir import RunDir
-
         run = run.rstrip("/")
         export_dir = run if io.exists(io.join(run, onnx_file)) else io.join(run, "export")
         onnx_path = io.join(export_dir, onnx_file)
@@ -147,21 +145,17 @@ class ServedModel:
             self.backend, self.source, self.model = "onnx", onnx_path, None
             if self.name == "export":
                 self.name = run.rsplit("/", 2)[-2] if "/" in run else "model"
-        else:
+        else:  # the REPL's loader: a run dir means its <best>
             import torch
 
-            from xdpx.checkpoint import load_checkpoint
+            from xdpx.serve import Predictor
 
             if threads:
                 torch.set_num_threads(threads)
-            ckpt = run
-            if not io.exists(io.join(run, "model.safetensors")) and io.exists(RunDir(run).best):
-                ckpt = RunDir(run).best_alias
-            loaded = load_checkpoint(ckpt)
-            self.model = loaded.model
+            predictor = Predictor(run)
+            self.model, self.encoder = predictor.ckpt.model, predictor.encoder
             self.min_len = getattr(self.model, "min_len", 1)
-            self.encoder = Encoder.from_dir(loaded.path)
-            self.backend, self.source, self.session = "eager", loaded.path, None
+            self.backend, self.source, self.session = "eager", predictor.ckpt.path, None
         self.pad_id = self.encoder.pad_id
         self.labels: list[str] = list(self.encoder.labels)
         self.pair = self.encoder.pair
