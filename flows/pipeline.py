@@ -42,7 +42,16 @@ from xdpx.config import ConfigError, Params, load_params
 from xdpx.errors import RemoteIOError
 from xdpx.rundir import RunDir
 
-__all__ = ["STAGES", "STAGE_TASKS", "IO_RETRY_DELAYS", "StageError", "xdpx_pipeline", "main"]
+__all__ = [
+    "STAGES",
+    "STAGE_TASKS",
+    "IO_RETRY_DELAYS",
+    "LATEST",
+    "StageError",
+    "run_overrides",
+    "xdpx_pipeline",
+    "main",
+]
 
 #: Default seconds to wait before each retry of a stage that failed with RemoteIOError
 #: (xdpx.io has already retried with backoff by then: these cover a longer store outage).
@@ -133,13 +142,18 @@ def _stage_task(name: str):
         retry_delay_seconds=list(IO_RETRY_DELAYS),
         retry_condition_fn=_retry_on_remote_io,
     )
-    def run_stage(params: Params) -> dict:
+    def run_stage(params: Params, progress_key: str | None = None) -> dict:
         stage = STAGES[name]
         cfg = getattr(params, name)
         try:
             if name == "train":
                 cfg = _train_config_for_attempt(cfg)
-            result = stage.run(cfg)
+            if progress_key is not None:  # train: a progress artifact updated at each evaluation
+                progress = _Progress(progress_key)
+                result = stage.run(cfg, on_eval=progress)
+                progress.done(result)
+            else:
+                result = stage.run(cfg)
         except Exception as e:
             raise StageError.wrap(name, e) from e
         get_run_logger().info("%s done: %s", name, _result_dict(result))
@@ -149,6 +163,147 @@ def _stage_task(name: str):
 
 
 STAGE_TASKS = {name: _stage_task(name) for name in STAGES}
+
+#: The pointer file under ``runs_root`` naming the latest completed run (one line: its
+#: directory name), written last and atomically.
+LATEST = "LATEST"
+
+
+class _Progress:
+    """``on_eval`` for train: a progress artifact (updates done / the run's budget, in %)
+    created at the first evaluation, updated at each one, and set to 100 by :meth:`done`
+    (an early stop ends training before the budget)."""
+
+    def __init__(self, key: str) -> None:
+        self.key, self.id = key, None
+
+    def _set(self, progress: float, what: str) -> None:
+        from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+        if self.id is None:
+            self.id = create_progress_artifact(progress, key=self.key, description=what)
+        else:
+            update_progress_artifact(self.id, progress, description=what)
+
+    def __call__(self, event: Any) -> None:
+        total = event.total_updates or event.update
+        score = event.metrics.get(event.major_metric, float("nan"))
+        what = f"train: {event.update} of {total} updates; valid {event.major_metric} {score:.4f}"
+        self._set(min(100.0, 100.0 * event.update / max(total, 1)), what)
+
+    def done(self, result: Any) -> None:
+        self._set(100.0, f"train done: {result.num_updates} updates")
+
+
+def run_dir_name() -> str:
+    """``<UTC date>-<time>-<flow run name>`` (``20261126-030000-bright-fox``); ``local`` as
+    the name outside a flow run."""
+    import datetime
+
+    from prefect.runtime import flow_run
+
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return f"{stamp}-{flow_run.get_name() or 'local'}"
+
+
+def run_overrides(params: str, overrides: list[str], run_dir: str) -> list[str]:
+    """The overrides that move one flow run's outputs under ``run_dir``.
+
+    Every relative output path of the config (``fetch.out_dir``, ``prepro.data_dir``,
+    ``train.save_dir``, evaluate's reports, ``predict.out_file``) is put under ``run_dir``;
+    the inputs that are another stage's outputs follow (``prepro.data_source`` when it is
+    ``fetch.out_dir``, ``predict.data_file`` when it lies there; ``train.data_dir`` and the
+    checkpoints default to their producers' params already). Absolute paths and URLs are
+    left alone: they are the user's choice.
+
+    Raises:
+        ConfigError: bad params or overrides.
+    """
+    import posixpath
+
+    cfg = load_params(params, overrides)
+
+    def under(path: str) -> str | None:
+        if "://" in path or posixpath.isabs(path):
+            return None
+        return posixpath.join(run_dir, path)
+
+    out = []
+    outputs = {
+        "fetch.out_dir": cfg.fetch.out_dir,
+        "prepro.data_dir": cfg.prepro.data_dir,
+        "train.save_dir": cfg.train.save_dir,
+        "evaluate.metrics_file": cfg.evaluate.metrics_file,
+        "evaluate.confusion_png": cfg.evaluate.confusion_png,
+        "evaluate.curve_png": cfg.evaluate.curve_png,
+        "predict.out_file": cfg.predict.out_file,
+    }
+    for key, path in outputs.items():
+        moved = under(path) if path else None
+        if moved is not None:
+            out.append(f"{key}={moved}")
+    raw, moved_raw = cfg.fetch.out_dir.rstrip("/"), under(cfg.fetch.out_dir.rstrip("/"))
+    if moved_raw is not None:
+        if cfg.prepro.data_source.rstrip("/") == raw:
+            out.append(f"prepro.data_source={moved_raw}")
+        if cfg.predict.data_file.startswith(raw + "/"):
+            out.append(f"predict.data_file={moved_raw}{cfg.predict.data_file[len(raw) :]}")
+    return out
+
+
+def _artifact_key(kind: str) -> str:
+    """``xdpx-<deployment>-<kind>``: stable per deployment, so the UI's artifact history
+    shows one series per deployment (``local`` outside a deployment); lower-case, dashes."""
+    import re
+
+    from prefect.runtime import deployment
+
+    name = re.sub(r"[^a-z0-9-]+", "-", (deployment.name or "local").lower()).strip("-")
+    return f"xdpx-{name}-{kind}"
+
+
+def _publish(cfg: Params, results: dict[str, dict], run_dir: str, overrides: list[str], seconds: float) -> None:  # fmt: skip
+    """The run's results in the Prefect UI: a metrics table (per split) and a markdown
+    summary (data, model, overrides, run directory, wall time)."""
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+    metrics = results["evaluate"]["metrics"]
+    table = [
+        {
+            "split": split,
+            **{k: round(float(m[k]), 4) for k in ("accuracy", "macro_f1", "loss") if k in m},
+        }  # fmt: skip
+        for split, m in metrics.items()
+    ]
+    create_table_artifact(table, key=_artifact_key("metrics"), description=f"Final metrics of {run_dir}")  # fmt: skip
+    train = results.get("train", {})
+    rows = "\n".join(
+        f"| {r['split']} | {r.get('accuracy', '')} | {r.get('macro_f1', '')} | {r.get('loss', '')} |"
+        for r in table
+    )
+    summary = f"""# xdpx run `{run_dir}`
+
+| | |
+|---|---|
+| model | `{cfg.train.model}` |
+| training samples | {train.get("samples_seen", "?")} seen in {train.get("num_updates", "?")} updates ({train.get("epochs", "?")} epochs) |
+| best valid {cfg.train.major_metric} | {train.get("best_score", "?")} at update {train.get("best_update", "?")} |
+| params that differ from the file | {", ".join(f"`{o}`" for o in overrides) or "none"} |
+| checkpoint | `{cfg.train.save_dir}/best` |
+| wall time | {seconds:.0f} s |
+
+| split | accuracy | macro-F1 | loss |
+|---|---|---|---|
+{rows}
+"""
+    create_markdown_artifact(summary, key=_artifact_key("summary"), description=f"Summary of {run_dir}")  # fmt: skip
+
+
+def _point_latest(runs_root: str, run_dir: str) -> None:
+    """Write ``<runs_root>/LATEST`` (the run directory's name), atomically and last."""
+    from xdpx import io
+
+    io.write_text(io.join(runs_root, LATEST), run_dir.rstrip("/").rsplit("/", 1)[-1] + "\n")
 
 
 @task(
@@ -203,6 +358,7 @@ def xdpx_pipeline(
     prepro_tasks: bool = False,
     pretrain: str | None = None,
     pretrain_overrides: list[str] | None = None,
+    runs_root: str | None = None,
 ) -> dict[str, dict]:
     """Run every stage in DAG order with ``params`` plus ``section.key=value`` overrides.
 
@@ -218,6 +374,12 @@ def xdpx_pipeline(
             plus ``pretrain_overrides``: after prepro, a ``pretrain`` task runs it on the
             flow's prepared data (``train.data_dir`` = ``prepro.data_dir``), and ``train``
             fine-tunes its ``<save_dir>/pretrained`` (``train.pretrained_model``).
+        runs_root: give each flow run its own directory ``<runs_root>/<UTC date>-<time>-<flow
+            run name>`` holding all its outputs (:func:`run_overrides`: data, model, reports),
+            so no run replaces another's or ``dvc repro``'s; at the end the run's metrics
+            table and summary become Prefect artifacts and ``<runs_root>/LATEST`` names it.
+            None: write where the params say (like ``dvc repro``). The deployments in
+            ``prefect.yaml`` set ``models/runs``.
 
     Returns:
         stage name -> that stage's result as a dict.
@@ -227,7 +389,18 @@ def xdpx_pipeline(
             config (before any stage runs).
         StageError: a stage failed (after its retries, for remote IO errors).
     """
-    cfg = load_params(params, overrides or [])
+    import time
+
+    start = time.perf_counter()
+    overrides = list(overrides or [])
+    run_dir = None
+    if runs_root:
+        run_dir = f"{runs_root.rstrip('/')}/{run_dir_name()}"
+        moved = run_overrides(params, overrides, run_dir)
+        get_run_logger().info("this run's directory: %s (%s)", run_dir, ", ".join(moved))
+        cfg = load_params(params, overrides + moved)
+    else:
+        cfg = load_params(params, overrides)
     pre = _pretrain_params(pretrain, pretrain_overrides or [], cfg) if pretrain else None
     delays = [float(d) for d in io_retry_delays]
     results: dict[str, dict] = {}
@@ -246,7 +419,14 @@ def xdpx_pipeline(
             cfg = cfg.model_copy(
                 update={"train": cfg.train.model_copy(update={"pretrained_model": init})}
             )
-        results[name] = stage_task(cfg)
+        if name == "train" and run_dir is not None:
+            results[name] = stage_task(cfg, progress_key=_artifact_key("progress"))
+        else:
+            results[name] = stage_task(cfg)
+    if run_dir is not None:
+        _publish(cfg, results, run_dir, overrides, time.perf_counter() - start)
+        _point_latest(runs_root, run_dir)
+        results["run"] = {"run_dir": run_dir}
     return results
 
 

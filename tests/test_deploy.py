@@ -170,7 +170,11 @@ def test_deployment_run_on_process_worker(server, client, tmp_path, monkeypatch)
         deployment = client.read_deployment_by_name(f"xdpx-pipeline/{name}")
         assert deployment.work_pool_name == name
         assert set(deployment.tags) == {"xdpx", name}
-        assert deployment.parameters == {"params": "params.yaml", "overrides": []}
+        assert deployment.parameters == {
+            "params": "params.yaml",
+            "overrides": [],
+            "runs_root": "models/runs",
+        }
         [schedule] = deployment.schedules
         assert (schedule.schedule.cron, schedule.active) == ("0 3 * * *", False)
     # Turning the schedule on, as the README says.
@@ -197,35 +201,59 @@ def test_deployment_run_on_process_worker(server, client, tmp_path, monkeypatch)
     worker_log = tmp_path / "worker.log"
     worker = _start(["worker", "start", "--pool", "cpu"], worker_log, env, tmp_path)
     try:
-        out = _prefect(
-            ["deployment", "run", "xdpx-pipeline/cpu", "-p", f"overrides={json.dumps(OVERRIDES)}"],
-            env,
-            tmp_path,
-        )
-        flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", out).group(1)
-        run = _wait_final(client, flow_run_id, worker_log)
-        assert run.state.is_completed(), f"{run.state}\nworker log:\n{_tail(worker_log)}"
-        assert run.parameters["overrides"] == OVERRIDES
+        run_ids, run_dirs = [], []
+        for attempt in range(3):  # the nightly schedule's second night must work too
+            out = _prefect(
+                ["deployment", "run", "xdpx-pipeline/cpu", "-p", f"overrides={json.dumps(OVERRIDES)}"],
+                env,
+                tmp_path,
+            )  # fmt: skip
+            flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", out).group(1)
+            run = _wait_final(client, flow_run_id, worker_log)
+            assert run.state.is_completed(), f"run {attempt + 1}: {run.state}\nworker log:\n{_tail(worker_log)}"  # fmt: skip
+            assert run.parameters["overrides"] == OVERRIDES
+            latest = (project / "models/runs/LATEST").read_text().strip()
+            assert latest.endswith(f"-{run.name}")  # <UTC date>-<time>-<flow run name>
+            run_ids.append(flow_run_id)
+            run_dirs.append(project / "models/runs" / latest)
 
-        task_runs = client.read_task_runs(
-            flow_run_filter=_flow_run_filter(flow_run_id),
-        )
-        assert sorted(t.name for t in task_runs) == sorted(STAGES)
-        assert all(t.state.is_completed() for t in task_runs)
+        # three runs, three run directories, each with its own model and metrics
+        assert len(set(run_dirs)) == 3
+        assert sorted(p.name for p in (project / "models/runs").iterdir()) == sorted([*(d.name for d in run_dirs), "LATEST"])  # fmt: skip
+        assert not (project / "models/default").exists() and not (project / "reports").exists()
+        for run_dir, flow_run_id in zip(run_dirs, run_ids, strict=True):
+            metrics = json.loads((run_dir / "reports/metrics.json").read_text())
+            assert 0.5 < metrics["test"]["accuracy"] <= 1.0
+            assert (run_dir / "models/default/best/model.safetensors").is_file()
+            assert (run_dir / "models/default/export/model.onnx").is_file()
+            assert "max_epoch: 1" in (run_dir / "models/default/params.yaml").read_text()
+            rows = sum(
+                len((run_dir / f"data/raw/{split}.tsv").read_text().splitlines()) - 1
+                for split in ("train", "dev", "test")
+            )
+            assert rows == 600
 
-        # The run worked in the checkout, with the override applied.
-        metrics = json.loads((project / "reports/metrics.json").read_text())
-        assert 0.5 < metrics["test"]["accuracy"] <= 1.0
-        rows = sum(
-            len((project / f"data/raw/{split}.tsv").read_text().splitlines()) - 1
-            for split in ("train", "dev", "test")
-        )
-        assert rows == 600
-        assert "max_epoch: 1" in (project / "models/default/params.yaml").read_text()
+            task_runs = client.read_task_runs(flow_run_filter=_flow_run_filter(flow_run_id))
+            assert sorted(t.name for t in task_runs) == sorted(STAGES)
+            assert all(t.state.is_completed() for t in task_runs)
+
+            # the run's results in the UI, read back through the API
+            artifacts = {a.key: a for a in client.read_artifacts(flow_run_filter=_flow_run_filter(flow_run_id))}  # fmt: skip
+            table = artifacts["xdpx-cpu-metrics"]
+            assert table.type == "table"
+            rows_ = {r["split"]: r for r in json.loads(table.data)}
+            for split in ("dev", "test"):
+                for key in ("accuracy", "macro_f1", "loss"):
+                    assert rows_[split][key] == round(metrics[split][key], 4)
+            summary = artifacts["xdpx-cpu-summary"]
+            assert summary.type == "markdown" and run_dir.name in summary.data
+            assert "`fetch.limit=600`" in summary.data and "| test |" in summary.data
+            progress = artifacts["xdpx-cpu-progress"]
+            assert progress.type == "progress" and float(progress.data) == 100.0
 
         # The UI: the dashboard and the flow run's page load (as a browser asks for them).
         base = api_url.removesuffix("/api")
-        for page in ("/", f"/runs/flow-run/{flow_run_id}"):
+        for page in ("/", f"/runs/flow-run/{run_ids[-1]}"):
             response = httpx.get(
                 base + page, headers={"Accept": "text/html"}, follow_redirects=True, timeout=10
             )  # "/" redirects to the default UI version, e.g. /v2/

@@ -148,6 +148,8 @@ class EvalEvent:
         metrics: the valid metrics (``classification_metrics``), e.g. ``accuracy``, ``loss``.
         major_metric: ``train.major_metric``; its value is ``metrics[major_metric]``.
         best_score: best ``major_metric`` so far, this evaluation included.
+        total_updates: the updates the run will make at most (its budget: ``max_epoch``,
+            ``max_update``, ``max_samples``); progress is ``update / total_updates``.
     """
 
     update: int
@@ -156,6 +158,7 @@ class EvalEvent:
     metrics: dict[str, float]
     major_metric: str
     best_score: float | None
+    total_updates: int | None = None
 
 
 class StopTraining(Exception):

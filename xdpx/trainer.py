@@ -468,8 +468,9 @@ class Trainer:
             try:
                 self.on_eval(
                     EvalEvent(
-                        st.num_updates, epoch, st.samples_seen, dict(metrics), metric, st.best_score
-                    )
+                        st.num_updates, epoch, st.samples_seen, dict(metrics), metric,
+                        st.best_score, self.total_updates,
+                    )  # fmt: skip
                 )
             except StopTraining as stop:
                 self.stop_reason = str(stop) or "stop requested by on_eval"
