@@ -127,6 +127,8 @@ class Probe:
         template: the freshly initialised model.
         model_config: its constructor arguments.
         tokens: ``vocab.txt`` in id order.
+        workdir: a temporary directory for the trainers' (unused) save_dirs, removed by
+            :meth:`close`.
     """
 
     cfg: TrainConfig
@@ -135,6 +137,16 @@ class Probe:
     template: nn.Module
     model_config: dict[str, Any]
     tokens: list[str]
+    workdir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="xdpx-doctor-"))
+
+    def close(self) -> None:
+        """Remove :attr:`workdir`; stop a lazy split's read-ahead threads."""
+        import shutil
+
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        close = getattr(getattr(self.data, "split", None), "close", None)
+        if close is not None:
+            close()
 
     @classmethod
     def open(cls, cfg: TrainConfig) -> Probe:
@@ -200,7 +212,7 @@ class Probe:
         from xdpx.data.lazy import InMemoryData
         from xdpx.trainer import Trainer
 
-        cfg = self.cfg.model_copy(update={"save_dir": tempfile.mkdtemp(), **updates})
+        cfg = self.cfg.model_copy(update={"save_dir": tempfile.mkdtemp(dir=self.workdir), **updates})  # fmt: skip
         data: TrainData = self.data
         if samples is not None:
             data = InMemoryData(self.data.samples(samples), self.data.labels(samples), cfg.seed)
@@ -778,20 +790,23 @@ def run_checklist(
         return out
     emit(Check("ok", "model", f"{cfg.model}: {sum(t.numel() for t in probe.template.parameters()):,} parameters, {len(probe.data):,} training samples, built as stages.train does", seconds=time.perf_counter() - start))  # fmt: skip
     failed: list[str] = []
-    for name, fn in CHECKS:
-        if fast and name not in FAST:
-            continue
-        t0 = time.perf_counter()
-        blocked = [f for f in failed if name in _NEEDS.get(f, ())]
-        if blocked:
-            c = Check("skip", name, f"needs {' and '.join(blocked)} to pass (see its FAIL above)")
-        else:
-            try:
-                c = fn(probe)
-            except Exception as e:  # noqa: BLE001
-                c = Check("fail", name, f"the check crashed: {type(e).__name__}: {e}")
-        c.seconds = time.perf_counter() - t0
-        if c.status == "fail":
-            failed.append(name)
-        emit(c)
+    try:
+        for name, fn in CHECKS:
+            if fast and name not in FAST:
+                continue
+            t0 = time.perf_counter()
+            blocked = [f for f in failed if name in _NEEDS.get(f, ())]
+            if blocked:
+                c = Check("skip", name, f"needs {' and '.join(blocked)} to pass (see its FAIL above)")  # fmt: skip
+            else:
+                try:
+                    c = fn(probe)
+                except Exception as e:  # noqa: BLE001
+                    c = Check("fail", name, f"the check crashed: {type(e).__name__}: {e}")
+            c.seconds = time.perf_counter() - t0
+            if c.status == "fail":
+                failed.append(name)
+            emit(c)
+    finally:
+        probe.close()
     return out
