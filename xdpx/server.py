@@ -601,10 +601,11 @@ class _Measure:
             if not status["sent"]:
                 body = {"detail": f"request body over the limit of {limit} bytes (max_body_bytes)"}
                 await _json(body, 413)(scope, receive, send_status)
-        app = scope.get("app")
-        endpoint = _endpoint(app, scope) if app is not None else "<unmatched>"
-        self.requests.labels(endpoint, str(status["code"])).inc()
-        self.latency.labels(endpoint).observe(time.perf_counter() - start)
+        finally:  # an error escaping to Starlette's 500 handler is counted as a 500
+            app = scope.get("app")
+            endpoint = _endpoint(app, scope) if app is not None else "<unmatched>"
+            self.requests.labels(endpoint, str(status["code"])).inc()
+            self.latency.labels(endpoint).observe(time.perf_counter() - start)
 
 
 def _endpoint(app: FastAPI, scope: dict[str, Any]) -> str:
