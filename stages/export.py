@@ -125,7 +125,7 @@ def _versions() -> dict[str, str]:
 
 def _remove_stale(out_dir: str) -> None:
     """Remove a previous run's report and model so nothing in ``out_dir`` claims success."""
-    for name in (REPORT_NAME, ONNX_NAME):
+    for name in (REPORT_NAME, ONNX_NAME, INT8_NAME):
         path = io.join(out_dir, name)
         if io.exists(path):
             logger.warning("removing stale %s", path)
@@ -188,6 +188,8 @@ def run(cfg: ExportConfig) -> ExportResult:
         int8_data = int8.pop("data")
         int8["path"] = io.join(cfg.out_dir, INT8_NAME)
         io.write_bytes(int8["path"], int8_data)
+    elif io.exists(io.join(cfg.out_dir, INT8_NAME)):  # an earlier export's: not this model
+        io.rm(io.join(cfg.out_dir, INT8_NAME))
     copied = []
     for asset in ASSETS:
         src = io.join(ckpt.path, asset)

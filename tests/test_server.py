@@ -203,6 +203,10 @@ def test_int8_export_scores_like_fp32_and_serves(single, real_subset):
         assert agree >= 0.95, agree
     finally:
         assert server.stop() in (0, -signal.SIGTERM)
+    # exported again without quantize: no int8 graph of the earlier export is left behind
+    export.run(ExportConfig(checkpoint=f"{run}/<best>", data_dir=prepared, out_dir=str(out)))
+    assert not (out / "model.int8.onnx").exists()
+    assert "int8" not in json.loads((out / "report.json").read_text())
 
 
 @pytest.mark.integration

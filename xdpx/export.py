@@ -59,6 +59,7 @@ __all__ = [
     "measure_latency",
     "quantize_int8",
     "onnx_accuracy",
+    "ort_logits",
 ]
 
 logger = logging.getLogger("xdpx.export")
@@ -200,6 +201,19 @@ def ort_session(path: str, threads: int | None = None) -> ort.InferenceSession:
     )
 
 
+def ort_logits(session: ort.InferenceSession, names: Sequence[str], x: Batch) -> np.ndarray:
+    """``[batch, num_labels]`` float32 logits of one padded batch on onnxruntime.
+
+    Args:
+        session: an :func:`ort_session`; names: the graph's input names, in order
+            (``xdpx.models.input_names``); x: ``[batch, seq_len]`` int64 (a tuple of them,
+            one per input, for a pair model), as :func:`xdpx.inference.pad_batch` makes it.
+    """
+    xs = x if isinstance(x, tuple) else (x,)
+    feed = {n: t.numpy() for n, t in zip(names, xs, strict=True)}
+    return session.run([OUTPUT_NAME], feed)[0]
+
+
 def parity_batches(n: int, batch_size: int) -> list[tuple[int, int]]:
     """``(start, stop)`` slices covering ``range(n)`` with deliberately mixed batch sizes.
 
@@ -274,9 +288,8 @@ def check_parity(
             for start, stop in parity_batches(len(seqs), batch_size):
                 x = pad_batch(seqs[start:stop], pad_id, min_len)
                 xs = x if isinstance(x, tuple) else (x,)
-                feed = {n: t.numpy() for n, t in zip(names, xs, strict=True)}
                 eager_chunks.append(call_model(model, x).float().cpu().numpy())
-                ort_chunks.append(session.run([OUTPUT_NAME], feed)[0])
+                ort_chunks.append(ort_logits(session, names, x))
                 shapes.append([xs[0].shape[0]] + [t.shape[1] for t in xs])
     finally:
         model.train(was_training)
@@ -466,8 +479,6 @@ def onnx_accuracy(
     for i in range(0, len(keep), batch_size):
         idx = keep[i : i + batch_size]
         x = pad_batch([seqs[j] for j in idx], pad_id, min_len)
-        xs = x if isinstance(x, tuple) else (x,)
-        feed = {n: t.numpy() for n, t in zip(input_names_, xs, strict=True)}
-        pred = session.run([OUTPUT_NAME], feed)[0].argmax(1)
+        pred = ort_logits(session, input_names_, x).argmax(1)
         correct += int((pred == np.asarray(labels)[idx]).sum())
     return correct / len(keep)

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import orjson
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -57,7 +58,8 @@ from starlette.routing import Match, Route
 
 from xdpx import io
 from xdpx.data import Encoder
-from xdpx.inference import Sample, as_samples, pad_batch, probs_from_logits
+from xdpx.export import ort_logits, ort_session
+from xdpx.inference import Sample, as_samples, call_model, pad_batch, probs_from_logits
 
 log = logging.getLogger("xdpx.server")
 
@@ -135,8 +137,6 @@ class ServedModel:
         if backend in ("auto", "onnx") and has_onnx:
             import json
 
-            from xdpx.export import ort_session
-
             report = json.loads(io.read_text(io.join(export_dir, "report.json")))
             self.session = ort_session(onnx_path, threads)
             self.input_names = tuple(report["input_names"])
@@ -185,15 +185,13 @@ class ServedModel:
     def _logits(self, samples: Sequence[Sample]) -> np.ndarray:
         """One model call: ``[n, num_labels]`` float32 logits of ``samples``."""
         x = pad_batch(samples, self.pad_id, self.min_len)
-        xs = x if isinstance(x, tuple) else (x,)
         with self._lock:
             if self.session is not None:
-                feed = {n: t.numpy() for n, t in zip(self.input_names, xs, strict=True)}
-                return self.session.run(["logits"], feed)[0]
+                return ort_logits(self.session, self.input_names, x)
             import torch
 
             with torch.inference_mode():
-                return self.model(*xs).float().numpy()
+                return call_model(self.model, x).float().numpy()
 
 
 def length_chunks(lengths: Sequence[int], max_padding: float = 0.5) -> list[list[int]]:
@@ -551,8 +549,6 @@ def create_app(model: ServedModel, config: ServeConfig | None = None) -> Any:
 def _json(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     """A JSON response serialised by orjson (FastAPI's default walks every value through
     ``jsonable_encoder`` first, a large share of a small request's time)."""
-    import orjson
-
     return Response(orjson.dumps(content), status, headers, media_type="application/json")
 
 
@@ -634,8 +630,6 @@ async def _parse(request: Request, model: type[BaseModel]) -> Any:
         HTTPException: 422 with FastAPI's error list (``loc`` names the field), or naming
             where the JSON is malformed.
     """
-    import orjson
-
     raw = await request.body()
     try:
         data = orjson.loads(raw)
