@@ -468,8 +468,13 @@ class Trainer:
             try:
                 self.on_eval(
                     EvalEvent(
-                        st.num_updates, epoch, st.samples_seen, dict(metrics), metric,
-                        st.best_score, self.total_updates,
+                        st.num_updates,
+                        epoch,
+                        st.samples_seen,
+                        dict(metrics),
+                        metric,
+                        st.best_score,
+                        self.total_updates,
                     )  # fmt: skip
                 )
             except StopTraining as stop:
