@@ -35,6 +35,7 @@ __all__ = [
     "SECTIONS",
     "RUN_SECTIONS",
     "load_params",
+    "read_params_raw",
     "apply_overrides",
     "non_defaults",
 ]
@@ -814,16 +815,27 @@ def load_params(path: str = "params.yaml", overrides: list[str] | tuple[str, ...
     Raises:
         ConfigError: malformed YAML, unknown section/key, invalid value, a ``grid:``.
     """
+    raw = read_params_raw(path, overrides)
+    _resolve_refs(raw)
+    sections = {s: build_section(s, raw.get(s) or {}, path) for s in SECTIONS}
+    return Params(**sections)
+
+
+def read_params_raw(path: str = "params.yaml", overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:  # fmt: skip
+    """The params mapping of ``path`` (an ``extends`` chain merged) with ``overrides`` applied,
+    ``${section.key}`` references left as written: what a params.yaml holding exactly these
+    values says (``flows.record`` writes one per flow run). Missing file: ``{}`` + overrides.
+
+    Raises:
+        ConfigError: malformed YAML, unknown section/key, a ``grid:``, a malformed override.
+    """
     raw = read_yaml_mapping(path, hint=" of sections") if io.exists(path) else {}
     if "extends" in raw:
         raw = read_config_file(path)
         if "grid" in raw:
             raise ConfigError(f"{path}: grid: expands stage runs (xdpx <stage> {path}), not params")
     _check_keys(raw, path)
-    raw = apply_overrides(raw, list(overrides))
-    _resolve_refs(raw)
-    sections = {s: build_section(s, raw.get(s) or {}, path) for s in SECTIONS}
-    return Params(**sections)
+    return apply_overrides(raw, list(overrides))
 
 
 def non_defaults(cfg: BaseModel) -> dict[str, Any]:
