@@ -30,6 +30,7 @@ Scheduled runs on work pools: see ``prefect.yaml`` and the README
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -262,9 +263,9 @@ def _artifact_key(kind: str) -> str:
     return f"xdpx-{name}-{kind}"
 
 
-def _publish(cfg: Params, results: dict[str, dict], run_dir: str, overrides: list[str], seconds: float) -> None:  # fmt: skip
+def _publish(cfg: Params, results: dict[str, dict], run_dir: str, overrides: list[str], seconds: float, recorded: dict | None, push: bool) -> None:  # fmt: skip
     """The run's results in the Prefect UI: a metrics table (per split) and a markdown
-    summary (data, model, overrides, run directory, wall time)."""
+    summary (data, model, overrides, run directory, DVC experiment, wall time)."""
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     metrics = results["evaluate"]["metrics"]
@@ -290,6 +291,7 @@ def _publish(cfg: Params, results: dict[str, dict], run_dir: str, overrides: lis
 | best valid {cfg.train.major_metric} | {train.get("best_score", "?")} at update {train.get("best_update", "?")} |
 | params that differ from the file | {", ".join(f"`{o}`" for o in overrides) or "none"} |
 | checkpoint | `{cfg.train.save_dir}/best` |
+| DVC experiment | {_experiment_line(recorded, push)} |
 | wall time | {seconds:.0f} s |
 
 | split | accuracy | macro-F1 | loss |
@@ -297,6 +299,50 @@ def _publish(cfg: Params, results: dict[str, dict], run_dir: str, overrides: lis
 {rows}
 """
     create_markdown_artifact(summary, key=_artifact_key("summary"), description=f"Summary of {run_dir}")  # fmt: skip
+
+
+@task(name="dvc-record", task_run_name="dvc exp save", cache_policy=NO_CACHE)
+def record_task(run_dir: str, params: str, overrides: list[str], checkpoint: str) -> dict:
+    """The flow run as a DVC experiment named after its run directory
+    (:func:`flows.record.record_run`); the run directory itself is not changed."""
+    from flows.record import record_run
+
+    name = run_dir.rstrip("/").rsplit("/", 1)[-1]
+    recorded = record_run(run_dir, name, params, overrides, checkpoint)
+    get_run_logger().info("recorded as DVC experiment %s (%s)", name, recorded.rev[:7])
+    return recorded.as_dict()
+
+
+@task(name="dvc-push", task_run_name="dvc exp push", cache_policy=NO_CACHE)
+def push_task(recorded: dict, git_remote: str) -> dict:
+    """``dvc exp push``: the experiment's git ref and its data (:func:`flows.record.push_run`),
+    then a link artifact to the checkpoint on the DVC remote."""
+    from prefect.artifacts import create_link_artifact
+
+    from flows.record import push_run
+
+    remote = push_run(recorded["name"], git_remote)
+    url = remote.object_url(recorded["checkpoint_md5"])
+    create_link_artifact(
+        url,
+        link_text=f"{recorded['checkpoint']} on {remote.dvc_remote}",
+        key=_artifact_key("checkpoint"),
+        description=(
+            f"The best checkpoint of experiment {recorded['name']} on DVC remote "
+            f"{remote.dvc_remote}; get it back: dvc exp pull {git_remote} {recorded['name']} "
+            f"&& dvc exp apply {recorded['name']}"
+        ),
+    )
+    get_run_logger().info("pushed experiment %s: %s", recorded["name"], url)
+    return {"git_remote": git_remote, "dvc_remote": remote.dvc_remote, "checkpoint_url": url}
+
+
+def _experiment_line(recorded: dict | None, push: bool) -> str:
+    if recorded is None:
+        return "not recorded (the worker's directory is not a git + DVC repository)"
+    name = recorded["name"]
+    where = "pushed next (see the checkpoint link artifact)" if push else "local to the worker"
+    return f"`{name}` ({where}); `dvc exp show`, `dvc exp apply {name}`"
 
 
 def _point_latest(runs_root: str, run_dir: str) -> None:
@@ -359,6 +405,9 @@ def xdpx_pipeline(
     pretrain: str | None = None,
     pretrain_overrides: list[str] | None = None,
     runs_root: str | None = None,
+    record: bool = True,
+    push: bool = False,
+    git_remote: str = "origin",
 ) -> dict[str, dict]:
     """Run every stage in DAG order with ``params`` plus ``section.key=value`` overrides.
 
@@ -380,6 +429,16 @@ def xdpx_pipeline(
             table and summary become Prefect artifacts and ``<runs_root>/LATEST`` names it.
             None: write where the params say (like ``dvc repro``). The deployments in
             ``prefect.yaml`` set ``models/runs``.
+        record: with ``runs_root``, record the run as the DVC experiment named after its
+            run directory (:func:`flows.record.record_run`: ``dvc exp show`` lists it with
+            its params and metrics) when the working directory is a git + DVC repository;
+            elsewhere the run is left unrecorded with a warning.
+        push: with ``runs_root``, also ``dvc exp push`` the recorded run to ``git_remote``
+            (its git ref) and the default DVC remote (its data), then add a link artifact to
+            the checkpoint there. Both remotes are checked before any stage runs; a push that
+            fails fails the flow run, naming the remotes, with the run on local disk,
+            recorded, and named by ``LATEST``.
+        git_remote: the git remote ``push`` sends the experiment's ref to.
 
     Returns:
         stage name -> that stage's result as a dict.
@@ -388,8 +447,12 @@ def xdpx_pipeline(
         xdpx.config.ConfigError: bad params or overrides, or ``pretrain`` not a ``task: mlm``
             config (before any stage runs).
         StageError: a stage failed (after its retries, for remote IO errors).
+        flows.record.RecordError: ``push`` without a git + DVC repository or without the
+            remotes (before any stage runs), or recording/pushing failed (at the end).
     """
     import time
+
+    from flows.record import is_dvc_repo, remote_of
 
     start = time.perf_counter()
     overrides = list(overrides or [])
@@ -399,6 +462,9 @@ def xdpx_pipeline(
         moved = run_overrides(params, overrides, run_dir)
         get_run_logger().info("this run's directory: %s (%s)", run_dir, ", ".join(moved))
         cfg = load_params(params, overrides + moved)
+        if push:  # before hours of training: a push with nowhere to go fails now
+            remote = remote_of(git_remote)
+            get_run_logger().info("will push to %s and %s", remote.git_url, remote.dvc_url)
     else:
         cfg = load_params(params, overrides)
     pre = _pretrain_params(pretrain, pretrain_overrides or [], cfg) if pretrain else None
@@ -424,9 +490,19 @@ def xdpx_pipeline(
         else:
             results[name] = stage_task(cfg)
     if run_dir is not None:
-        _publish(cfg, results, run_dir, overrides, time.perf_counter() - start)
+        recorded = None
+        if (record or push) and is_dvc_repo("."):
+            home = load_params(params, overrides).train.save_dir  # the experiment's layout
+            recorded = record_task(run_dir, params, overrides, f"{home.rstrip('/')}/best")
+        elif record:
+            get_run_logger().warning(
+                "run not recorded with DVC: %s is not a git repository with .dvc/", os.getcwd()
+            )
+        _publish(cfg, results, run_dir, overrides, time.perf_counter() - start, recorded, push)
         _point_latest(runs_root, run_dir)
-        results["run"] = {"run_dir": run_dir}
+        results["run"] = {"run_dir": run_dir, "experiment": recorded}
+        if push:
+            results["push"] = push_task(recorded, git_remote)
     return results
 
 

@@ -1,14 +1,16 @@
 """e2e: prefect.yaml deployed on a real Prefect server on 127.0.0.1 and run by a process worker.
 
-The test copies the project (prefect.yaml, params.yaml and the code) into a temporary
-checkout and deploys from there, so the run writes data/, models/ and reports/ into that
-copy and never into this working tree. Every process it starts (server, worker) is
-stopped at the end, also on failure; every wait is bounded.
+The test copies the project (prefect.yaml, params.yaml, dvc.yaml and the code) into a
+temporary git + DVC checkout, whose git remote is a bare repository and whose DVC remote is
+the local object store (S3), and deploys from there, so the runs write into that copy and
+never into this working tree. Every process it starts (server, worker) is stopped at the
+end, also on failure; every wait is bounded.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import re
@@ -26,7 +28,14 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[1]
-PROJECT = ("prefect.yaml", "params.yaml", "flows", "stages", "xdpx")
+PROJECT = ("prefect.yaml", "params.yaml", "dvc.yaml", ".gitignore", ".dvcignore", "plots", "flows", "stages", "xdpx")  # fmt: skip
+GIT_ENV = {
+    "DVC_NO_ANALYTICS": "1",
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@example.com",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@example.com",
+}
 PREFECT = [sys.executable, "-m", "prefect"]
 # Small and quick: 600 real reviews, hashed n-grams in 2^16 buckets, one epoch.
 OVERRIDES = [
@@ -130,8 +139,16 @@ def client(server):
             yield c
 
 
-def _checkout(dest: Path) -> Path:
-    """A copy of the project files a worker needs (no data, models or reports)."""
+def _sh(args: list[str], cwd: Path, env: dict) -> str:
+    proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"{args}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def _checkout(dest: Path, bucket) -> Path:
+    """A git + DVC checkout of the project files a worker needs (no data, models or reports):
+    its DVC remote ``storage`` on the object store's S3 front (endpoint committed, keys from
+    the environment, as in the README) and its git remote ``origin`` a bare repository."""
     dest.mkdir()
     for name in PROJECT:
         src = ROOT / name
@@ -139,7 +156,28 @@ def _checkout(dest: Path) -> Path:
             shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy2(src, dest / name)
+    env = {**os.environ, **GIT_ENV}
+    dvc = [sys.executable, "-m", "dvc"]
+    _sh(["git", "init", "-q", "-b", "main"], dest, env)
+    _sh(dvc + ["init", "-q"], dest, env)
+    shutil.copy(ROOT / ".dvc" / "config", dest / ".dvc" / "config")
+    _sh(dvc + ["remote", "add", "-d", "storage", f"s3://{bucket.name}/xdpx"], dest, env)
+    _sh(dvc + ["remote", "modify", "storage", "endpointurl", bucket.store.s3_endpoint], dest, env)
+    _sh(["git", "add", "-A"], dest, env)
+    _sh(["git", "commit", "-qm", "project"], dest, env)
+    origin = dest.parent / "origin.git"
+    _sh(["git", "init", "-q", "--bare", str(origin)], dest.parent, env)
+    _sh(["git", "remote", "add", "origin", str(origin)], dest, env)
+    _sh(["git", "push", "-q", "origin", "main"], dest, env)
     return dest
+
+
+def _tree_sha256(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _wait_final(client, flow_run_id: str, worker_log: Path):
@@ -155,12 +193,14 @@ def _wait_final(client, flow_run_id: str, worker_log: Path):
         time.sleep(2)
 
 
-def test_deployment_run_on_process_worker(server, client, tmp_path, monkeypatch):
-    """prefect.yaml -> `prefect deploy --all` -> worker -> `prefect deployment run` -> Completed."""
+def test_deployment_run_on_process_worker(server, client, store_bucket, tmp_path, monkeypatch):
+    """prefect.yaml -> `prefect deploy --all` -> worker -> `prefect deployment run` -> Completed,
+    three times; each run in its own directory, with its artifacts, recorded as a DVC
+    experiment; the third pushed, and brought back byte for byte into a fresh clone."""
     from flows.pipeline import STAGES
 
     api_url, env = server
-    project = _checkout(tmp_path / "checkout")
+    project = _checkout(tmp_path / "checkout", store_bucket)
     for pool in ("cpu", "gpu"):
         _prefect(["work-pool", "create", pool, "--type", "process"], env, tmp_path)
     _prefect(["deploy", "--all"], env, project)
@@ -174,6 +214,9 @@ def test_deployment_run_on_process_worker(server, client, tmp_path, monkeypatch)
             "params": "params.yaml",
             "overrides": [],
             "runs_root": "models/runs",
+            "record": True,
+            "push": False,
+            "git_remote": "origin",
         }
         [schedule] = deployment.schedules
         assert (schedule.schedule.cron, schedule.active) == ("0 3 * * *", False)
@@ -199,15 +242,16 @@ def test_deployment_run_on_process_worker(server, client, tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
 
     worker_log = tmp_path / "worker.log"
-    worker = _start(["worker", "start", "--pool", "cpu"], worker_log, env, tmp_path)
+    # the worker's environment holds the object store's keys (AWS_*), as a GPU host's would
+    worker_env = {**env, **store_bucket.store.env()}
+    worker = _start(["worker", "start", "--pool", "cpu"], worker_log, worker_env, tmp_path)
     try:
         run_ids, run_dirs = [], []
         for attempt in range(3):  # the nightly schedule's second night must work too
-            out = _prefect(
-                ["deployment", "run", "xdpx-pipeline/cpu", "-p", f"overrides={json.dumps(OVERRIDES)}"],
-                env,
-                tmp_path,
-            )  # fmt: skip
+            args = ["-p", f"overrides={json.dumps(OVERRIDES)}"]
+            if attempt == 2:
+                args += ["-p", "push=true"]  # the third is pushed
+            out = _prefect(["deployment", "run", "xdpx-pipeline/cpu", *args], env, tmp_path)
             flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", out).group(1)
             run = _wait_final(client, flow_run_id, worker_log)
             assert run.state.is_completed(), f"run {attempt + 1}: {run.state}\nworker log:\n{_tail(worker_log)}"  # fmt: skip
@@ -234,7 +278,8 @@ def test_deployment_run_on_process_worker(server, client, tmp_path, monkeypatch)
             assert rows == 600
 
             task_runs = client.read_task_runs(flow_run_filter=_flow_run_filter(flow_run_id))
-            assert sorted(t.name for t in task_runs) == sorted(STAGES)
+            recorded = ["dvc exp save", *(["dvc exp push"] if flow_run_id == run_ids[2] else [])]
+            assert sorted(t.name for t in task_runs) == sorted([*STAGES, *recorded])
             assert all(t.state.is_completed() for t in task_runs)
 
             # the run's results in the UI, read back through the API
@@ -250,6 +295,42 @@ def test_deployment_run_on_process_worker(server, client, tmp_path, monkeypatch)
             assert "`fetch.limit=600`" in summary.data and "| test |" in summary.data
             progress = artifacts["xdpx-cpu-progress"]
             assert progress.type == "progress" and float(progress.data) == 100.0
+            assert f"| DVC experiment | `{run_dir.name}`" in summary.data
+
+        # each run is a DVC experiment in `dvc exp show`, its params and metrics in the
+        # workspace's columns
+        git_env = {**worker_env, **GIT_ENV}
+        dvc = [sys.executable, "-m", "dvc"]
+        shown = json.loads(_sh(dvc + ["exp", "show", "--json"], project, git_env))
+        exps = {r["name"]: r["data"] for b in shown for e in b.get("experiments") or [] for r in e["revs"]}  # fmt: skip
+        assert set(exps) == {d.name for d in run_dirs}
+        for run_dir in run_dirs:
+            data = exps[run_dir.name]
+            params = data["params"]["params.yaml"]["data"]
+            assert params["fetch"]["limit"] == 600 and params["train"]["max_epoch"] == 1
+            want = json.loads((run_dir / "reports/metrics.json").read_text())
+            assert data["metrics"]["reports/metrics.json"]["data"] == want
+
+        # only the third was pushed: its git ref on origin, its checkpoint on the store
+        refs = _sh(["git", "ls-remote", "origin", "refs/exps/*"], project, git_env)
+        assert refs.count("refs/exps/") == 1 and refs.rstrip().endswith(run_dirs[2].name)
+        artifacts = {a.key: a for a in client.read_artifacts(flow_run_filter=_flow_run_filter(run_ids[2]))}  # fmt: skip
+        link = artifacts["xdpx-cpu-checkpoint"]
+        assert link.type == "markdown"  # a link artifact is markdown [text](url)
+        url = re.search(r"\((s3://[^)]+)\)", link.data).group(1)
+        key = url.removeprefix(f"s3://{store_bucket.name}/")
+        assert key.startswith("xdpx/files/md5/") and key.endswith(".dir")
+        assert key in store_bucket.keys("xdpx/")
+
+        # another machine: a fresh clone gets the third run's model back, byte for byte
+        clone = tmp_path / "clone"
+        _sh(["git", "clone", "-q", "-b", "main", str(tmp_path / "origin.git"), str(clone)], tmp_path, git_env)  # fmt: skip
+        _sh(dvc + ["exp", "pull", "origin", run_dirs[2].name], clone, git_env)
+        _sh(dvc + ["exp", "apply", run_dirs[2].name], clone, git_env)
+        _sh(dvc + ["pull"], clone, git_env)
+        for part in ("best", "export"):
+            got = _tree_sha256(clone / "models/default" / part)
+            assert got and got == _tree_sha256(run_dirs[2] / "models/default" / part)
 
         # The UI: the dashboard and the flow run's page load (as a browser asks for them).
         base = api_url.removesuffix("/api")
