@@ -282,10 +282,11 @@ def _publish(cfg: Params, results: dict[str, dict], run_dir: str, overrides: lis
         f"| {r['split']} | {r.get('accuracy', '')} | {r.get('macro_f1', '')} | {r.get('loss', '')} |"
         for r in table
     )
-    summary = f"""# xdpx run `{run_dir}`
+    summary = f"""# xdpx run {run_dir.rstrip("/").rsplit("/", 1)[-1]}
 
 | | |
 |---|---|
+| run directory | `{run_dir}` |
 | model | `{cfg.train.model}` |
 | training samples | {train.get("samples_seen", "?")} seen in {train.get("num_updates", "?")} updates ({train.get("epochs", "?")} epochs) |
 | best valid {cfg.train.major_metric} | {train.get("best_score", "?")} at update {train.get("best_update", "?")} |
@@ -339,10 +340,8 @@ def push_task(recorded: dict, git_remote: str) -> dict:
 
 def _experiment_line(recorded: dict | None, push: bool) -> str:
     if recorded is None:
-        return "not recorded (the worker's directory is not a git + DVC repository)"
-    name = recorded["name"]
-    where = "pushed next (see the checkpoint link artifact)" if push else "local to the worker"
-    return f"`{name}` ({where}); `dvc exp show`, `dvc exp apply {name}`"
+        return "none: the worker's checkout is not a git + DVC repository"
+    return f"`{recorded['name']}` ({'pushed' if push else 'on the worker'})"
 
 
 def _point_latest(runs_root: str, run_dir: str) -> None:
