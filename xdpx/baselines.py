@@ -26,7 +26,7 @@ import scipy.sparse as sp
 
 from xdpx import io
 
-__all__ = ["C_GRID", "read_tsv", "tfidf_lr", "pair_tfidf_lr", "run_baseline"]
+__all__ = ["C_GRID", "read_tsv", "tfidf_lr", "pair_tfidf_lr", "run_baseline", "baseline_for"]
 
 #: Inverse regularisation strengths tried on dev.
 C_GRID: tuple[float, ...] = (1.0, 4.0, 16.0)
@@ -162,3 +162,43 @@ def run_baseline(
         texts2 = {s: df[text2_column].tolist() for s, df in frames.items()}
         return pair_tfidf_lr(texts, texts2, labels, c_grid)
     return tfidf_lr(texts, labels, analyzer, c_grid)
+
+
+#: The raw layout :func:`baseline_for` needs: prepro's default ``data_files``.
+_SPLIT_FILES = {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv"}
+
+
+def baseline_for(prepro: Any) -> dict[str, Any] | None:
+    """The baseline on the raw files of a ``prepro`` config (``xdpx.config.PreproConfig``),
+    when they are one headed ``train``/``dev``/``test.tsv`` each in ``data_source`` (fetch's
+    layout); None for any other layout (globs, csv, jsonl, no header, no dev or test).
+
+    Single texts get character 1-3-grams when :func:`xdpx.data.tokenizers.detect_tokenizer`
+    picks ``char`` for the train texts (prepro's own ``auto`` rule), else word 1-2-grams.
+    It holds the three files and their TF-IDF matrices in memory.
+
+    Returns:
+        As :func:`tfidf_lr` without ``test_correct``; None when the layout does not fit.
+
+    Raises:
+        KeyError: a column is missing from a file.
+    """
+    from xdpx.data.tokenizers import detect_tokenizer
+
+    if prepro.format != "tsv" or not prepro.header or dict(prepro.data_files) != _SPLIT_FILES:
+        return None
+    if not all(io.exists(io.join(prepro.data_source, f)) for f in _SPLIT_FILES.values()):
+        return None
+    analyzer = "word"
+    if not prepro.text2_column:
+        train = read_tsv(io.join(prepro.data_source, "train.tsv"), [prepro.text_column])
+        analyzer = detect_tokenizer(train[prepro.text_column].tolist())[0]
+    result = run_baseline(
+        prepro.data_source,
+        text_column=prepro.text_column,
+        label_column=prepro.label_column,
+        text2_column=prepro.text2_column,
+        analyzer=analyzer,
+    )
+    result.pop("test_correct")
+    return result
