@@ -289,6 +289,7 @@ def _publish(cfg: Params, results: dict[str, dict], run_dir: str, overrides: lis
 | | |
 |---|---|
 | run directory | `{run_dir}` |
+| data | {", ".join(f"{n} {split}" for split, n in results.get("prepro", {}).get("rows", {}).items()) or "?"} rows |
 | model | `{cfg.train.model}` |
 | training samples | {train.get("samples_seen", "?")} seen in {train.get("num_updates", "?")} updates ({train.get("epochs", "?")} epochs) |
 | best valid {cfg.train.major_metric} | {train.get("best_score", "?")} at update {train.get("best_update", "?")} |

@@ -303,6 +303,7 @@ def test_deployment_run_on_process_worker(server, client, store_bucket, tmp_path
             assert progress.type == "progress" and float(progress.data) == 100.0
             assert f"| DVC experiment | `{run_dir.name}`" in summary.data
             assert "| classical baseline | `tfidf char 1-3 + LR`" in summary.data
+            assert re.search(r"\| data \| \d+ train, \d+ dev, \d+ test rows \|", summary.data)
 
         # each run is a DVC experiment in `dvc exp show`, its params and metrics in the
         # workspace's columns
