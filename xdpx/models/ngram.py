@@ -249,19 +249,36 @@ class NgramLR(nn.Module):
         return torch.cat([ids, sub.flatten(1)], dim=1)
 
     def _flat_feature_ids(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`feature_ids` without the padding: ``(text_index, bucket)``, both 1-D int64."""
-        ids = self.ngram_ids(input_ids)
-        keep = ids != 0
-        text = torch.arange(len(input_ids)).unsqueeze(1).expand_as(ids)[keep]
-        ids = ids[keep]
+        """:meth:`feature_ids` without the padding: ``(text_index, bucket)``, both 1-D int64,
+        grouped by kind (each token order, then the sub-words), each kind in token order;
+        bucket 0 (none) marks an n-gram window that spans two texts.
+
+        The n-grams are hashed on the batch's real tokens laid end to end (``[tokens]``, a
+        third of ``[batch, seq_len]`` on the demo's test texts), a window counted when its
+        first and last tokens belong to the same text: the same buckets as
+        :meth:`ngram_ids` (rows are right-padded), for less work. Traces for ONNX
+        (``seq_len`` and the token count stay symbolic).
+        """
+        flat = input_ids.reshape(-1)
+        where = torch.nonzero(flat != self.pad_id).squeeze(1)  # [tokens]
+        tokens = flat[where]
+        text = torch.div(where, input_ids.shape[1], rounding_mode="floor")
+        texts, ids = [], []
+        for n in self.orders:
+            h = torch.zeros_like(tokens[n - 1 :]) + n * _ORDER_SALT
+            for k in range(n):
+                end = k - n + 1  # negative: the token count stays symbolic when traced
+                h = h + (tokens[k:end] if end < 0 else tokens[k:]) * _PRIMES[k]
+            h = torch.remainder(torch.remainder(h, _MODULUS) * _MIX, _MODULUS)
+            start = text[: 1 - n] if n > 1 else text
+            ids.append(torch.where(start == text[n - 1 :], torch.remainder(h, self.buckets) + 1, 0))  # fmt: skip
+            texts.append(start)
         if self.subwords is not None:
-            valid = input_ids != self.pad_id
-            sub = self.subwords[input_ids[valid]].to(torch.int64)  # [tokens, SUBWORD_WIDTH]
-            sub_text = torch.arange(len(input_ids)).unsqueeze(1).expand_as(input_ids)[valid]
-            sub_keep = sub != 0
-            text = torch.cat([text, sub_text.unsqueeze(1).expand_as(sub)[sub_keep]])
-            ids = torch.cat([ids, sub[sub_keep]])
-        return text, ids
+            sub = self.subwords[tokens].to(torch.int64)  # [tokens, SUBWORD_WIDTH]
+            keep = torch.nonzero(sub.reshape(-1)).squeeze(1)
+            texts.append(text[torch.div(keep, SUBWORD_WIDTH, rounding_mode="floor")])
+            ids.append(sub.reshape(-1)[keep])
+        return torch.cat(texts), torch.cat(ids)
 
     def _values(self, rows: torch.Tensor, tf: torch.Tensor) -> torch.Tensor:
         """Unnormalised value of a feature in a text from its row and term frequency."""
@@ -317,18 +334,19 @@ class NgramLR(nn.Module):
     def _forward_padded(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The same logits, for the ONNX export: :meth:`features` in ops that trace.
 
-        Only the kept features of the batch are sorted (one 1-D sort of ``text * (F + 1) +
-        row`` over the non-zero rows, not every slot of ``[batch, num_slots]`` with the
-        padding), and the weights and idf are gathered for those only: the sort (ONNX
-        ``TopK``) dominates onnxruntime's time. Per-class 1-D scatter-adds avoid a broadcast
-        ``[n, C]`` scatter, which onnxruntime runs slowly (README "Serving over HTTP").
+        The n-grams are hashed on the real tokens only (:meth:`_flat_feature_ids`, as in
+        training), only the kept features of the batch are sorted (one 1-D sort of
+        ``text * (F + 1) + row``, not every slot of ``[batch, num_slots]`` with the padding),
+        and the weights and idf are gathered for those only: the sort (ONNX ``TopK``) is a
+        third of onnxruntime's time at batch 64. Per-class 1-D scatter-adds avoid a
+        broadcast ``[n, C]`` scatter, which onnxruntime runs slowly (README "Serving over
+        HTTP").
         """
-        rows = self.feature_rows[self.feature_ids(input_ids)]  # [batch, slots] int32, 0 = none
-        flat = rows.reshape(-1)
-        kept = torch.nonzero(flat).squeeze(1)
-        text = torch.div(kept, rows.shape[1], rounding_mode="floor")
+        text, buckets = self._flat_feature_ids(input_ids)
+        rows = self.feature_rows[buckets]  # int32, 0 = dropped
+        kept = torch.nonzero(rows).squeeze(1)
         width = self.num_features + 1
-        key, _ = torch.sort(text * width + flat[kept].to(torch.int64))
+        key, _ = torch.sort(text[kept] * width + rows[kept].to(torch.int64))
         first, tf = _run_totals(key.unsqueeze(0), torch.ones_like(key, dtype=torch.float32)[None])
         text = torch.div(key, width, rounding_mode="floor")
         rows = key - text * width
