@@ -4,15 +4,18 @@ Starts the server in a child process on 127.0.0.1 (``python -m xdpx.cli serve RU
 and drives it with concurrent asyncio clients (keep-alive HTTP/1.1 connections), each sending one real test text per
 request (``POST /predict``), at each concurrency in turn. For every concurrency it prints
 the throughput (requests/s), p50 and p99 latency (ms, client-side) and the mean texts per
-model call (from the server's ``/metrics`` batch-size histogram). It runs the same server
-twice in this process: with batching (``--max-batch-size``, ``--max-wait-ms``) and with
-batching off (``--max-batch-size 1``), and prints the throughput ratio per concurrency.
+model call (from the server's ``/metrics`` batch-size histogram). Two servers of the same
+run are up at once: with batching (``--max-batch-size``, ``--max-wait-ms``) and with
+batching off (``--max-batch-size 1``). Each concurrency is measured ``--repeats`` times on
+both, in alternating order (A B, then B A, ...), so a slow minute of this shared machine
+hits both; the table gives the medians and the ratio is the median of the paired ratios,
+with their range.
 
 Usage::
 
     python bench/serve_load.py                                   # models/default, c = 1 8 64
     python bench/serve_load.py --run models/minilm --requests 300 --concurrency 1 8 64
-    python bench/serve_load.py --json reports/serve_load.json
+    python bench/serve_load.py --json reports/serve_load.json --requests 5000
 
 Clients and server share this machine's cores; numbers are for this machine only.
 """
@@ -119,31 +122,26 @@ async def drive(port: int, texts: list[str], concurrency: int, requests: int) ->
     }
 
 
-def run_server(args: argparse.Namespace, texts: list[str], batch: int, label: str) -> list[dict]:
-    port = free_port()
-    extra = ["--max-batch-size", str(batch), "--max-wait-ms", str(args.max_wait_ms)]
-    extra += ["--max-queue", "100000", "--backend", args.backend]
-    proc = start_server(args.run, port, extra)
-    rows = []
-    try:
-        asyncio.run(drive(port, texts, 8, 200))  # warm-up
-        for c in args.concurrency:
-            before = batch_stats(port)
-            row = asyncio.run(drive(port, texts, c, args.requests))
-            after = batch_stats(port)
-            calls, done = after[0] - before[0], after[1] - before[1]
-            row["mean_batch"] = done / calls if calls else 0.0
-            row["server"] = label
-            rows.append(row)
-            print(
-                f"{label:14s} c={c:3d}  {row['throughput_rps']:7.0f} req/s  p50 {row['p50_ms']:7.2f} ms  "
-                f"p99 {row['p99_ms']:7.2f} ms  mean batch {row['mean_batch']:5.1f}  codes {row['codes']}",
-                flush=True,
-            )
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-    return rows
+def measure(port: int, texts: list[str], concurrency: int, requests: int, label: str) -> dict:
+    """One :func:`drive` at ``concurrency``, with the mean texts per model call it caused."""
+    before = batch_stats(port)
+    row = asyncio.run(drive(port, texts, concurrency, requests))
+    after = batch_stats(port)
+    calls, done = after[0] - before[0], after[1] - before[1]
+    row["mean_batch"] = done / calls if calls else 0.0
+    row["server"] = label
+    print(
+        f"{label:14s} c={concurrency:3d}  {row['throughput_rps']:7.0f} req/s  p50 {row['p50_ms']:7.2f} ms  "
+        f"p99 {row['p99_ms']:7.2f} ms  mean batch {row['mean_batch']:5.1f}  codes {row['codes']}",
+        flush=True,
+    )
+    return row
+
+
+def median_row(rows: list[dict]) -> dict:
+    """The row of median throughput (its own latencies and batch size), for an odd count;
+    the lower middle one otherwise."""
+    return sorted(rows, key=lambda r: r["throughput_rps"])[(len(rows) - 1) // 2]
 
 
 def main() -> None:
@@ -157,26 +155,52 @@ def main() -> None:
     parser.add_argument("--max-batch-size", type=int, default=64)
     parser.add_argument("--max-wait-ms", type=float, default=2.0)
     parser.add_argument("--backend", default="auto", help="auto, onnx or eager")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="measurements per concurrency and server"
+    )
     parser.add_argument("--json", help="write every row here")
     args = parser.parse_args()
     os.chdir(ROOT)
     with open(args.texts, encoding="utf-8", newline="") as f:
         texts = [r["text"] for r in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)]
     print(f"serving {args.run}: {len(texts)} test texts, {args.requests} requests per concurrency")
-    on = run_server(args, texts, args.max_batch_size, f"batching {args.max_batch_size}")
-    off = run_server(args, texts, 1, "batching off")
+    servers = {}
+    common = ["--max-wait-ms", str(args.max_wait_ms), "--max-queue", "100000", "--backend", args.backend]  # fmt: skip
+    labels = {"batching": f"batching {args.max_batch_size}", "off": "batching off"}
+    try:
+        for key, batch in (("batching", args.max_batch_size), ("off", 1)):
+            port = free_port()
+            servers[key] = (port, start_server(args.run, port, ["--max-batch-size", str(batch), *common]))  # fmt: skip
+            asyncio.run(drive(port, texts, 8, 200))  # warm-up
+        raw: dict[str, dict[int, list[dict]]] = {
+            k: {c: [] for c in args.concurrency} for k in servers
+        }
+        for r in range(args.repeats):
+            for c in args.concurrency:
+                for key in ("batching", "off") if r % 2 == 0 else ("off", "batching"):
+                    raw[key][c].append(measure(servers[key][0], texts, c, args.requests, labels[key]))  # fmt: skip
+    finally:
+        for _, proc in servers.values():
+            proc.terminate()
+            proc.wait(timeout=30)
     print(
-        "\nconcurrency | batching req/s | off req/s | ratio | p99 batching ms | p99 off ms | mean batch"
+        f"\nmedians of {args.repeats} | batching req/s | off req/s | ratio (range)     | p99 batching ms | p99 off ms | mean batch"  # fmt: skip
     )
-    for a, b in zip(on, off, strict=True):
-        ratio = a["throughput_rps"] / b["throughput_rps"]
-        a["ratio_vs_off"] = ratio
+    on, off = [], []
+    for c in args.concurrency:
+        ratios = sorted(a["throughput_rps"] / b["throughput_rps"] for a, b in zip(raw["batching"][c], raw["off"][c], strict=True))  # fmt: skip
+        a, b = median_row(raw["batching"][c]), median_row(raw["off"][c])
+        a = {**a, "ratio_vs_off": statistics.median(ratios), "ratios_vs_off": ratios}
+        on.append(a)
+        off.append(b)
         print(
-            f"{a['concurrency']:11d} | {a['throughput_rps']:14.0f} | {b['throughput_rps']:9.0f} | "
-            f"{ratio:5.2f} | {a['p99_ms']:15.2f} | {b['p99_ms']:10.2f} | {a['mean_batch']:10.1f}"
+            f"c={c:<13d} | {a['throughput_rps']:14.0f} | {b['throughput_rps']:9.0f} | "
+            f"{a['ratio_vs_off']:5.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f}) | {a['p99_ms']:15.2f} | "
+            f"{b['p99_ms']:10.2f} | {a['mean_batch']:10.1f}"
         )
     if args.json:
-        Path(args.json).write_text(json.dumps({"batching": on, "off": off}, indent=2) + "\n")
+        out = {"repeats": args.repeats, "batching": on, "off": off, "raw": raw}
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
 
 
 if __name__ == "__main__":
