@@ -294,7 +294,7 @@ def _publish(cfg: Params, results: dict[str, dict], run_dir: str, overrides: lis
 | training samples | {train.get("samples_seen", "?")} seen in {train.get("num_updates", "?")} updates ({train.get("epochs", "?")} epochs) |
 | best valid {cfg.train.major_metric} | {train.get("best_score", "?")} at update {train.get("best_update", "?")} |
 | params that differ from the file | {", ".join(f"`{o}`" for o in overrides) or "none"} |
-| checkpoint | `{cfg.train.save_dir}/best` |
+| checkpoint | `{RunDir(cfg.train.save_dir).best}` |
 | DVC experiment | {_experiment_line(recorded, push)} |
 | classical baseline | {baseline} |
 | wall time | {seconds:.0f} s |
@@ -522,7 +522,7 @@ def xdpx_pipeline(
         recorded = None
         if (record or push) and is_dvc_repo("."):
             home = load_params(params, overrides).train.save_dir  # the experiment's layout
-            recorded = record_task(run_dir, params, overrides, f"{home.rstrip('/')}/best")
+            recorded = record_task(run_dir, params, overrides, RunDir(home).best)
         elif record:
             get_run_logger().warning(
                 "run not recorded with DVC: %s is not a git repository with .dvc/", os.getcwd()

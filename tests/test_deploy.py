@@ -24,6 +24,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from small_run import SMALL_RUN
 
 pytestmark = pytest.mark.e2e
 
@@ -37,14 +38,7 @@ GIT_ENV = {
     "GIT_COMMITTER_EMAIL": "t@example.com",
 }
 PREFECT = [sys.executable, "-m", "prefect"]
-# Small and quick: 600 real reviews, hashed n-grams in 2^16 buckets, one epoch.
-OVERRIDES = [
-    "fetch.limit=600",
-    "prepro.max_len=64",
-    "train.ngram_buckets=65536",
-    "train.max_epoch=1",
-    "export.num_samples=16",
-]
+OVERRIDES = SMALL_RUN
 RUN_TIMEOUT_S = 480
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from small_run import SMALL_RUN
 
 pytestmark = pytest.mark.e2e
 
@@ -63,14 +64,7 @@ def test_flow_rejects_bad_override_before_running(prefect_server, tmp_path, monk
     assert not (tmp_path / "data").exists()
 
 
-# Small and quick: 600 real reviews, hashed n-grams in 2^16 buckets, one epoch.
-SMALL = [
-    "fetch.limit=600",
-    "prepro.max_len=64",
-    "train.ngram_buckets=65536",
-    "train.max_epoch=1",
-    "export.num_samples=16",
-]
+SMALL = SMALL_RUN
 
 
 def _task_runs(flow_state) -> dict:

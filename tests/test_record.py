@@ -16,17 +16,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from small_run import SMALL_RUN
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = [
-    "fetch.limit=600",
-    "prepro.max_len=64",
-    "train.ngram_buckets=65536",
-    "train.max_epoch=1",
-    "export.num_samples=16",
-]
+SMALL = SMALL_RUN
 NAME = "20261126-030000-bright-fox"
 RUN = f"models/runs/{NAME}"
 
