@@ -19,7 +19,8 @@ there, and its ``params.yaml``/``dvc.lock`` are the user's):
    directory's files at their standard places, and any other dep of the stages (a user's
    own data directory) from the checkout: hard links (copies across file systems);
 2. ``dvc commit -f`` + ``dvc exp save -n <name>`` there hash every stage's deps and outs
-   into ``dvc.lock``, put the outs in the checkout's DVC cache and commit ``params.yaml``, ``dvc.lock`` and
+   into ``dvc.lock``, put the outs in the checkout's DVC cache (hard links: the cache and
+   the run directory share the files, no copy; DVC makes them read-only) and commit ``params.yaml``, ``dvc.lock`` and
    the ``cache: false`` outputs (metrics, plots, logs) as the experiment's git commit
    (``refs/exps/...``, which the worktree shares with the checkout);
 3. the worktree is removed.
@@ -193,6 +194,7 @@ def _prepare_dvc(root: Path, tree: Path) -> list[str]:
     with Repo(str(tree)) as repo:
         with repo.config.edit("local") as conf:
             conf["cache"]["dir"] = cache_dir
+            conf["cache"]["type"] = "hardlink,copy"
     with Repo(str(tree)) as repo:
         stages = repo.index.stages
         deps = {os.path.relpath(d.fs_path, tree) for s in stages for d in s.deps if d.is_in_repo}

@@ -131,6 +131,11 @@ def test_recording_leaves_the_checkout_and_the_run_as_they_were(project, recorde
     assert (root / "params.yaml").read_bytes() == before["params"]
     assert not (root / "dvc.lock").exists()  # the checkout never ran dvc repro
     assert tree_sha256(root / RUN) == before["run"]
+    # the cache shares the run's files (hard links), it does not copy them
+    weights = root / RUN / "models/default/best/model.safetensors"
+    assert weights.stat().st_nlink >= 2
+    [cached] = [p for p in (root / ".dvc/cache").rglob("*") if p.is_file() and p.stat().st_ino == weights.stat().st_ino]  # fmt: skip
+    assert cached.read_bytes() == weights.read_bytes()
     worktrees = sh(["git", "worktree", "list", "--porcelain"], root, env).stdout
     assert worktrees.count("worktree ") == 1
     assert not list((root / ".dvc" / "tmp").glob("record-*"))
