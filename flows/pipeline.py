@@ -316,12 +316,8 @@ def baseline_task(prepro: Any) -> dict | None:
     if result is None:
         get_run_logger().info("baseline: not run (raw files are not train/dev/test.tsv)")
     else:
-        get_run_logger().info(
-            "baseline %s: dev %.4f, test %.4f",
-            result["model"],
-            result["dev_accuracy_best"],
-            result["test_accuracy"],  # fmt: skip
-        )
+        dev, test = result["dev_accuracy_best"], result["test_accuracy"]
+        get_run_logger().info("baseline %s: dev %.4f, test %.4f", result["model"], dev, test)
     return result
 
 

@@ -283,12 +283,14 @@ def remote_of(git_remote: str, root: str | Path = ".") -> Remote:
     """The remotes :func:`push_run` would push to.
 
     Raises:
-        RecordError: no git remote ``git_remote``, or no default DVC remote (each message
-            says how to add one).
+        RecordError: ``root`` is not a git + DVC repository, no git remote ``git_remote``,
+            or no default DVC remote (each message says how to add what is missing).
     """
     from dvc.repo import Repo
 
     root = Path(root).resolve()
+    if not is_dvc_repo(root):
+        raise RecordError(f"push: {root} is not a git repository with a commit and .dvc/ (git init && dvc init)")  # fmt: skip
     try:
         git_url = _git(["remote", "get-url", git_remote], root, f"git remote get-url {git_remote}").strip()  # fmt: skip
     except RecordError:

@@ -179,6 +179,8 @@ def test_failures_name_what_failed(project, recorded, tmp_path):
         remote_of("upstream", root)
     with pytest.raises(RecordError, match="is not a git repository"):
         record_run(RUN, NAME, "params.yaml", SMALL, "models/default/best", root=tmp_path)
+    with pytest.raises(RecordError, match="push: .* is not a git repository"):
+        remote_of("origin", tmp_path)
     # the DVC remote's directory is a file now: the push fails naming the remote
     remote_dir.rename(remote_dir.with_suffix(".moved"))
     remote_dir.write_text("a file where the remote's directory should be")
