@@ -208,6 +208,17 @@ class NgramLR(nn.Module):
         return out
 
     # ----------------------------------------------------------------- features
+    def _window_buckets(self, ids: torch.Tensor, n: int) -> torch.Tensor:
+        """Bucket (``1..ngram_buckets``) of every window of ``n`` consecutive ids along the
+        last dim: ``[..., length]`` int64 -> ``[..., length - n + 1]`` (the hash in the
+        comment of ``_PRIMES``). Traces for ONNX with ``length`` symbolic."""
+        h = torch.zeros_like(ids[..., n - 1 :]) + n * _ORDER_SALT
+        for k in range(n):
+            end = k - n + 1  # window start k; a negative end keeps the length symbolic
+            h = h + (ids[..., k:end] if end < 0 else ids[..., k:]) * _PRIMES[k]
+        h = torch.remainder(torch.remainder(h, _MODULUS) * _MIX, _MODULUS)
+        return torch.remainder(h, self.buckets) + 1
+
     def ngram_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Bucket of every token n-gram window, 0 where a window touches padding.
 
@@ -220,15 +231,10 @@ class NgramLR(nn.Module):
         valid = input_ids != self.pad_id
         parts = []
         for n in self.orders:
-            h = torch.zeros_like(input_ids[:, n - 1 :]) + n * _ORDER_SALT
             ok = valid[:, n - 1 :]
-            for k in range(n):
-                # window start k; negative end keeps seq_len symbolic when traced for ONNX
-                end = k - n + 1
-                h = h + (input_ids[:, k:end] if end < 0 else input_ids[:, k:]) * _PRIMES[k]
-                ok = ok & (valid[:, k:end] if end < 0 else valid[:, k:])
-            h = torch.remainder(torch.remainder(h, _MODULUS) * _MIX, _MODULUS)
-            ids = torch.remainder(h, self.buckets) + 1
+            for k in range(n - 1):  # every token of the window is real
+                ok = ok & valid[:, k : k - n + 1]
+            ids = self._window_buckets(input_ids, n)
             parts.append(torch.where(ok, ids, torch.zeros_like(ids)))
         return torch.cat(parts, dim=1)
 
@@ -265,13 +271,8 @@ class NgramLR(nn.Module):
         text = torch.div(where, input_ids.shape[1], rounding_mode="floor")
         texts, ids = [], []
         for n in self.orders:
-            h = torch.zeros_like(tokens[n - 1 :]) + n * _ORDER_SALT
-            for k in range(n):
-                end = k - n + 1  # negative: the token count stays symbolic when traced
-                h = h + (tokens[k:end] if end < 0 else tokens[k:]) * _PRIMES[k]
-            h = torch.remainder(torch.remainder(h, _MODULUS) * _MIX, _MODULUS)
             start = text[: 1 - n] if n > 1 else text
-            ids.append(torch.where(start == text[n - 1 :], torch.remainder(h, self.buckets) + 1, 0))  # fmt: skip
+            ids.append(torch.where(start == text[n - 1 :], self._window_buckets(tokens, n), 0))
             texts.append(start)
         if self.subwords is not None:
             sub = self.subwords[tokens].to(torch.int64)  # [tokens, SUBWORD_WIDTH]
