@@ -149,7 +149,9 @@ def run_baseline(
     c_grid: Sequence[float] = C_GRID,
 ) -> dict[str, Any]:
     """The baseline on ``data_dir/{train,dev,test}.tsv``: :func:`pair_tfidf_lr` when
-    ``text2_column`` is set, else :func:`tfidf_lr` with ``analyzer``.
+    ``text2_column`` is set, else :func:`tfidf_lr` with ``analyzer`` (``auto``: ``char``
+    when :func:`xdpx.data.tokenizers.detect_tokenizer` picks it for the train texts,
+    prepro's own ``auto`` rule, else ``word``).
 
     Raises:
         KeyError: a column is missing from a file.
@@ -161,11 +163,11 @@ def run_baseline(
     if text2_column:
         texts2 = {s: df[text2_column].tolist() for s, df in frames.items()}
         return pair_tfidf_lr(texts, texts2, labels, c_grid)
+    if analyzer == "auto":
+        from xdpx.data.tokenizers import detect_tokenizer
+
+        analyzer = detect_tokenizer(texts["train"])[0]
     return tfidf_lr(texts, labels, analyzer, c_grid)
-
-
-#: The raw layout :func:`baseline_for` needs: prepro's default ``data_files``.
-_SPLIT_FILES = {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv"}
 
 
 def baseline_for(prepro: Any) -> dict[str, Any] | None:
@@ -173,9 +175,9 @@ def baseline_for(prepro: Any) -> dict[str, Any] | None:
     when they are one headed ``train``/``dev``/``test.tsv`` each in ``data_source`` (fetch's
     layout); None for any other layout (globs, csv, jsonl, no header, no dev or test).
 
-    Single texts get character 1-3-grams when :func:`xdpx.data.tokenizers.detect_tokenizer`
-    picks ``char`` for the train texts (prepro's own ``auto`` rule), else word 1-2-grams.
-    It holds the three files and their TF-IDF matrices in memory.
+    Single texts get character 1-3-grams or word 1-2-grams by prepro's ``auto`` rule
+    (:func:`run_baseline` with ``analyzer="auto"``). It holds the three files and their
+    TF-IDF matrices in memory.
 
     Returns:
         As :func:`tfidf_lr` without ``test_correct``; None when the layout does not fit.
@@ -183,22 +185,19 @@ def baseline_for(prepro: Any) -> dict[str, Any] | None:
     Raises:
         KeyError: a column is missing from a file.
     """
-    from xdpx.data.tokenizers import detect_tokenizer
+    from xdpx.config import PreproConfig
 
-    if prepro.format != "tsv" or not prepro.header or dict(prepro.data_files) != _SPLIT_FILES:
+    split_files = PreproConfig.model_fields["data_files"].default  # fetch's layout
+    if prepro.format != "tsv" or not prepro.header or dict(prepro.data_files) != split_files:
         return None
-    if not all(io.exists(io.join(prepro.data_source, f)) for f in _SPLIT_FILES.values()):
+    if not all(io.exists(io.join(prepro.data_source, f)) for f in split_files.values()):
         return None
-    analyzer = "word"
-    if not prepro.text2_column:
-        train = read_tsv(io.join(prepro.data_source, "train.tsv"), [prepro.text_column])
-        analyzer = detect_tokenizer(train[prepro.text_column].tolist())[0]
     result = run_baseline(
         prepro.data_source,
         text_column=prepro.text_column,
         label_column=prepro.label_column,
         text2_column=prepro.text2_column,
-        analyzer=analyzer,
+        analyzer="auto",
     )
     result.pop("test_correct")
     return result
