@@ -145,6 +145,12 @@ def is_dvc_repo(root: str | Path = ".") -> bool:
     return Path(top).resolve() == root
 
 
+def _require_repo(root: Path, what: str) -> None:
+    """Raise :class:`RecordError` (``<what>: <root> is not ...``) unless :func:`is_dvc_repo`."""
+    if not is_dvc_repo(root):
+        raise RecordError(f"{what}: {root} is not a git repository with a commit and .dvc/ (git init && dvc init)")  # fmt: skip
+
+
 def _link(src: Path, target: Path) -> None:
     """Hard-link file ``src`` at ``target``, replacing a file there (a copy where links
     cannot be made)."""
@@ -242,8 +248,7 @@ def record_run(
         xdpx.config.ConfigError: bad params or overrides.
     """
     root = Path(root).resolve()
-    if not is_dvc_repo(root):
-        raise RecordError(f"{root} is not a git repository with a commit and .dvc/ (git init && dvc init)")  # fmt: skip
+    _require_repo(root, "record")
     if not (root / run_dir).is_dir():
         raise RecordError(f"run directory {run_dir} not found under {root}")
     values = read_params_raw(str(root / params) if "://" not in params else params, overrides)
@@ -267,8 +272,8 @@ def record_run(
             f"dvc exp save -n {name}",
         )
         md5 = _checkpoint_md5(tree / "dvc.lock", checkpoint)
-        refs = _git(["for-each-ref", "--format=%(objectname)", f"refs/exps/*/*/{name}"], root, "git for-each-ref")  # fmt: skip
-        rev = refs.split()[0] if refs.split() else ""
+        refs = _git(["for-each-ref", "--format=%(objectname)", f"refs/exps/*/*/{name}"], root, "git for-each-ref").split()  # fmt: skip
+        rev = refs[0] if refs else ""
     finally:
         try:
             _git(["worktree", "remove", "--force", str(tree)], root, "git worktree remove")
@@ -289,8 +294,7 @@ def remote_of(git_remote: str, root: str | Path = ".") -> Remote:
     from dvc.repo import Repo
 
     root = Path(root).resolve()
-    if not is_dvc_repo(root):
-        raise RecordError(f"push: {root} is not a git repository with a commit and .dvc/ (git init && dvc init)")  # fmt: skip
+    _require_repo(root, "push")
     try:
         git_url = _git(["remote", "get-url", git_remote], root, f"git remote get-url {git_remote}").strip()  # fmt: skip
     except RecordError:
