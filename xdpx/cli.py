@@ -310,7 +310,7 @@ def clean_checkpoints(
 # ------------------------------------------------------------------ serve, doctor
 @app.command("serve")
 def serve(
-    run: str = typer.Argument(..., help="Run dir (its export/model.onnx, else its <best>), export dir or checkpoint dir."),
+    run: str = typer.Argument(..., help="Run dir (its export/model.onnx, else its best checkpoint), export dir or checkpoint dir."),
     batch_file: str = typer.Option(None, "--batch-file", "-f", help="Answer every line of this file, then exit."),
     http: bool = typer.Option(False, "--http", help="Serve over HTTP (POST /predict, KServe V2, /metrics) with dynamic batching."),
     host: str = typer.Option("127.0.0.1", "--host", help="--http: interface to bind (0.0.0.0 for all)."),
