@@ -334,3 +334,49 @@ def test_length_chunks_keep_long_texts_apart_and_every_index_once():
         longest = max(lengths[i] for i in c)
         assert sum(lengths[i] for i in c) >= 0.5 * len(c) * longest
     assert length_chunks([10] * 5) == [[0, 1, 2, 3, 4]]
+
+
+@pytest.mark.unit
+def test_hot_endpoints_answer_like_fastapi_and_survive_a_failing_model_call():
+    """POST /predict and the V2 infer endpoint skip FastAPI's layers (server._Front): their
+    errors, statuses and metrics must still be FastAPI's."""
+    from starlette.testclient import TestClient
+
+    from xdpx.server import ServeConfig, create_app
+
+    class Stub:  # the parts of ServedModel the app uses; a text "boom" breaks the model call
+        name, labels, pair, backend = "stub", ["neg", "pos"], False, "onnx"
+
+        def encode(self, texts, texts2=None):
+            return [np.array([len(t) if t != "boom" else -1]) for t in texts]
+
+        def probs(self, samples):
+            if any(int(s[0]) < 0 for s in samples):
+                raise RuntimeError("model call failed")
+            return np.array([[0.25, 0.75]] * len(samples))
+
+    app = create_app(Stub(), ServeConfig(max_batch_size=1, max_body_bytes=200))
+    with TestClient(app) as client:
+        ok = client.post("/predict", json={"texts": ["a", "bb"]})
+        assert ok.status_code == 200 and ok.json()["labels"] == ["pos", "pos"]
+        broken = client.post("/predict", json={"texts": ["boom"]})
+        assert broken.status_code == 500 and broken.json() == {"detail": "Internal Server Error"}
+        assert client.post("/predict", json={"texts": ["a"]}).status_code == 200  # lives on
+        assert client.get("/predict").status_code == 405  # other methods: FastAPI's answer
+        wrong = client.post("/predict", json={"texts": ["a"], "extra": 1})
+        assert wrong.status_code == 422 and wrong.json()["detail"][0]["loc"] == ["body", "extra"]
+        assert client.post("/predict", content=b"[" * 300).status_code == 413
+        v2 = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a"]}]}
+        assert client.post("/v2/models/stub/infer", json=v2).json()["outputs"][0]["data"] == ["pos"]  # fmt: skip
+        missing = client.post("/v2/models/other/infer", json=v2)
+        assert missing.status_code == 404 and "no model 'other'" in missing.json()["detail"]
+        metrics = client.get("/metrics").text
+    for labels, count in [
+        ('endpoint="/predict",status="200"', 2),
+        ('endpoint="/predict",status="500"', 1),
+        ('endpoint="<unmatched>",status="405"', 1),  # a method no route takes
+        ('endpoint="/predict",status="422"', 1),
+        ('endpoint="/predict",status="413"', 1),
+        ('endpoint="/v2/models/{name}/infer",status="404"', 1),
+    ]:
+        assert f"xdpx_requests_total{{{labels}}} {float(count)}" in metrics, labels
