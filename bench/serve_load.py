@@ -156,6 +156,11 @@ def main() -> None:
     parser.add_argument("--max-wait-ms", type=float, default=2.0)
     parser.add_argument("--backend", default="auto", help="auto, onnx or eager")
     parser.add_argument(
+        "--threads",
+        type=int,
+        help="the servers' onnxruntime/torch threads (default: the library's)",
+    )
+    parser.add_argument(
         "--repeats", type=int, default=3, help="measurements per concurrency and server"
     )
     parser.add_argument("--json", help="write every row here")
@@ -166,6 +171,8 @@ def main() -> None:
     print(f"serving {args.run}: {len(texts)} test texts, {args.requests} requests per concurrency")
     servers = {}
     common = ["--max-wait-ms", str(args.max_wait_ms), "--max-queue", "100000", "--backend", args.backend]  # fmt: skip
+    if args.threads:
+        common += ["--threads", str(args.threads)]
     labels = {"batching": f"batching {args.max_batch_size}", "off": "batching off"}
     try:
         for key, batch in (("batching", args.max_batch_size), ("off", 1)):
