@@ -153,8 +153,13 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--requests", type=int, default=2000, help="requests per concurrency")
     parser.add_argument("--max-batch-size", type=int, default=64)
-    parser.add_argument("--max-wait-ms", type=float, default=2.0)
+    parser.add_argument(
+        "--max-wait-ms", type=float, help="the servers' --max-wait-ms (default: the server's)"
+    )
     parser.add_argument("--backend", default="auto", help="auto, onnx or eager")
+    parser.add_argument(
+        "--inline-ms", type=float, help="the servers' --inline-ms (default: the server's)"
+    )
     parser.add_argument(
         "--threads",
         type=int,
@@ -170,9 +175,13 @@ def main() -> None:
         texts = [r["text"] for r in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)]
     print(f"serving {args.run}: {len(texts)} test texts, {args.requests} requests per concurrency")
     servers = {}
-    common = ["--max-wait-ms", str(args.max_wait_ms), "--max-queue", "100000", "--backend", args.backend]  # fmt: skip
+    common = ["--max-queue", "100000", "--backend", args.backend]
     if args.threads:
         common += ["--threads", str(args.threads)]
+    if args.max_wait_ms is not None:
+        common += ["--max-wait-ms", str(args.max_wait_ms)]
+    if args.inline_ms is not None:
+        common += ["--inline-ms", str(args.inline_ms)]
     labels = {"batching": f"batching {args.max_batch_size}", "off": "batching off"}
     try:
         for key, batch in (("batching", args.max_batch_size), ("off", 1)):

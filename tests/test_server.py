@@ -323,6 +323,38 @@ def test_batcher_merges_concurrent_texts_in_order_and_isolates_failures():
 
 
 @pytest.mark.unit
+def test_batcher_runs_cheap_calls_on_the_event_loop_and_slow_ones_in_its_thread():
+    import threading
+
+    from xdpx.server import DynamicBatcher, ServeConfig
+
+    def calls_of(seconds: float, inline_ms: float) -> list[bool]:
+        """Which of 4 one-text calls ran on the event loop's thread."""
+        on_loop: list[bool] = []
+
+        def run_batch(samples):
+            on_loop.append(threading.get_ident() == loop_thread)
+            time.sleep(seconds)
+            return np.ones((len(samples), 2))
+
+        async def main():
+            b = DynamicBatcher(run_batch, ServeConfig(max_wait_ms=0, inline_ms=inline_ms))
+            b.start()
+            for i in range(4):
+                await b.submit([np.array([i])])
+            await b.stop()
+
+        loop_thread = threading.get_ident()  # asyncio.run's loop runs in this thread
+        asyncio.run(main())
+        return on_loop
+
+    # the first call has no estimate: the worker thread; then cheap calls stay on the loop
+    assert calls_of(0.0, inline_ms=50) == [False, True, True, True]
+    assert calls_of(0.06, inline_ms=50) == [False] * 4  # 60 ms a call: too slow to inline
+    assert calls_of(0.0, inline_ms=0) == [False] * 4  # 0 = never
+
+
+@pytest.mark.unit
 def test_length_chunks_keep_long_texts_apart_and_every_index_once():
     from xdpx.server import length_chunks
 
@@ -380,3 +412,20 @@ def test_hot_endpoints_answer_like_fastapi_and_survive_a_failing_model_call():
         ('endpoint="/v2/models/{name}/infer",status="404"', 1),
     ]:
         assert f"xdpx_requests_total{{{labels}}} {float(count)}" in metrics, labels
+
+
+@pytest.mark.unit
+def test_cli_serve_defaults_are_serveconfigs():
+    import dataclasses
+
+    import typer
+
+    from xdpx.cli import app
+    from xdpx.server import ServeConfig
+
+    serve = typer.main.get_command(app).commands["serve"]
+    cli = {p.name: p.default for p in serve.params}
+    for field in dataclasses.fields(ServeConfig):
+        if field.name in cli:
+            assert cli[field.name] == field.default, field.name
+    assert {"max_batch_size", "max_wait_ms", "inline_ms", "max_queue"} <= cli.keys()

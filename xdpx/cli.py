@@ -317,9 +317,10 @@ def serve(
     port: int = typer.Option(8000, "--port", help="--http: TCP port."),
     backend: str = typer.Option("auto", "--backend", help="--http: auto (onnxruntime when the run has an export), onnx or eager."),
     max_batch_size: int = typer.Option(64, "--max-batch-size", min=1, help="--http: texts per model call at most (1 = batching off)."),
-    max_wait_ms: float = typer.Option(2.0, "--max-wait-ms", min=0, help="--http: how long a text may wait for others to batch with, ms."),
+    max_wait_ms: float = typer.Option(0.5, "--max-wait-ms", min=0, help="--http: how long a text may wait for others to batch with, ms."),
     max_queue: int = typer.Option(1024, "--max-queue", min=1, help="--http: queued texts at most; beyond, 503 with Retry-After."),
     max_body_bytes: int = typer.Option(1_000_000, "--max-body-bytes", min=1, help="--http: larger request bodies get 413."),
+    inline_ms: float = typer.Option(2.0, "--inline-ms", min=0, help="--http: model calls expected to take less run on the event loop, not the worker thread (0 = never), ms."),
     threads: int = typer.Option(None, "--threads", min=1, help="--http: onnxruntime/torch threads (default: the library's)."),
     int8: bool = typer.Option(False, "--int8", help="--http: serve export/model.int8.onnx (export.quantize=int8)."),
 ) -> None:  # fmt: skip
@@ -352,7 +353,9 @@ def serve(
     if http:
         from xdpx.server import ServeConfig, serve_http
 
-        cfg = ServeConfig(max_batch_size, max_wait_ms, max_queue, max_body_bytes)
+        cfg = ServeConfig(
+            max_batch_size, max_wait_ms, max_queue, max_body_bytes, inline_ms=inline_ms
+        )
         with _user_errors():
             typer.echo(f"serving {run} on http://{host}:{port} (POST /predict, /v2/..., /metrics; max_batch_size {max_batch_size}, max_wait_ms {max_wait_ms:g})", err=True)  # fmt: skip
             onnx_file = "model.int8.onnx" if int8 else "model.onnx"

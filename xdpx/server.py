@@ -22,8 +22,9 @@ waiting at most ``max_wait_ms`` after the oldest one arrived, pads them to the b
 longest text, runs one model call in a worker thread (the event loop keeps accepting), and
 hands each request its rows in order. Texts that queue up while a call runs form the next
 batch without any wait; a single text after a single-text call (one client at a time) runs
-at once instead of waiting ``max_wait_ms`` for company that is not coming.
-``max_batch_size=1`` turns batching off.
+at once instead of waiting ``max_wait_ms`` for company that is not coming. A call expected
+to take under ``inline_ms`` runs on the event loop instead: the hand-over to the thread
+costs more than such a call. ``max_batch_size=1`` turns batching off.
 
 **Overload and bad input**: the queue holds at most ``max_queue`` texts; a request that
 would overflow it gets ``503`` with ``Retry-After`` and is not queued (every accepted text
@@ -80,17 +81,24 @@ class ServeConfig:
 
     Attributes:
         max_batch_size: texts per model call at most (1 = batching off).
-        max_wait_ms: how long the oldest queued text may wait for others, in milliseconds.
+        max_wait_ms: how long the oldest queued text may wait for others, in milliseconds
+            (0.5: with 8 clients on the demo model, 2 ms gave 1,650 requests/s against
+            2,920 for 0.5, at 64 clients the same; ``bench/serve_load.py``).
         max_queue: texts waiting at most; beyond, requests get 503.
         max_body_bytes: request bodies above get 413.
         retry_after_s: the ``Retry-After`` header of a 503, in seconds.
+        inline_ms: a model call expected to take less than this many milliseconds runs
+            on the event loop instead of the worker thread (see :class:`DynamicBatcher`);
+            0 = always the worker thread. (2: 3,250 requests/s with 8 clients against
+            2,680 for 1 ms, on the demo model.)
     """
 
     max_batch_size: int = 64
-    max_wait_ms: float = 2.0
+    max_wait_ms: float = 0.5
     max_queue: int = 1024
     max_body_bytes: int = 1_000_000
     retry_after_s: int = 1
+    inline_ms: float = 2.0
 
 
 # ---------------------------------------------------------------------------- the model
@@ -242,8 +250,23 @@ class DynamicBatcher:
         config: ``max_batch_size``, ``max_wait_ms``, ``max_queue``.
         on_batch: called with each model call's size (metrics).
 
+    A model call runs in a worker thread, so the event loop keeps reading and answering
+    requests while it runs (onnxruntime and PyTorch release the GIL). Handing a call to
+    the thread and its result back costs about a millisecond under load (two thread
+    wake-ups and GIL hand-overs), more than a small call of a small model takes: the
+    demo's ngram_lr answers one text in 0.2 ms. So a call whose expected time (texts x
+    the running mean of seconds per text of earlier calls, measured inside the call) is
+    under ``inline_ms`` runs on the event loop itself, which it blocks that long. On
+    the demo model behind ``bench/serve_load.py`` (calls up to 8 texts on the loop
+    against none): one client 0.71 against 1.02 ms per request (p50), 8 clients 3,572
+    against 2,763 requests/s, batching off 1.7x the requests/s at 64 clients. The first
+    call, with no estimate yet, and the calls of a large model run in the thread.
+
     Call :meth:`start` inside the event loop, :meth:`stop` at shutdown.
     """
+
+    #: Weight of the newest call in the running mean of seconds per text.
+    COST_SMOOTHING = 0.2
 
     def __init__(
         self,
@@ -257,6 +280,7 @@ class DynamicBatcher:
         self._task: asyncio.Task | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="xdpx-model")
         self._last_batch = 1
+        self._per_text_s: float | None = None  # running mean; None until a call is timed
 
     @property
     def depth(self) -> int:
@@ -296,6 +320,21 @@ class DynamicBatcher:
         self._wake.set()
         return np.stack(await asyncio.gather(*(i.future for i in items)))
 
+    def _inline(self, n: int) -> bool:
+        """Whether a call of ``n`` texts is expected to take under ``inline_ms``."""
+        per_text = self._per_text_s
+        return per_text is not None and n * per_text * 1000.0 < self.cfg.inline_ms
+
+    def _timed(self, samples: list[Sample]) -> np.ndarray:
+        """``run_batch(samples)``, folding its seconds per text into the running mean."""
+        start = time.perf_counter()
+        out = self.run_batch(samples)
+        per_text = (time.perf_counter() - start) / max(len(samples), 1)
+        old = self._per_text_s
+        a = self.COST_SMOOTHING
+        self._per_text_s = per_text if old is None else (1 - a) * old + a * per_text
+        return out
+
     async def _work(self) -> None:
         assert self._wake is not None
         loop = asyncio.get_running_loop()
@@ -323,10 +362,12 @@ class DynamicBatcher:
             batch = [self.queue.popleft() for _ in range(n)]
             if self.on_batch is not None:
                 self.on_batch(n)
+            samples = [i.sample for i in batch]
             try:
-                probs = await loop.run_in_executor(
-                    self._pool, self.run_batch, [i.sample for i in batch]
-                )
+                if self._inline(n):
+                    probs = self._timed(samples)
+                else:
+                    probs = await loop.run_in_executor(self._pool, self._timed, samples)
             except Exception as e:  # noqa: BLE001 - the batch's requests get it, the server lives
                 log.exception("model call on a batch of %d failed", n)
                 for i in batch:
