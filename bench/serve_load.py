@@ -215,7 +215,24 @@ def main() -> None:
             f"{b['p99_ms']:10.2f} | {a['mean_batch']:10.1f}"
         )
     if args.json:
-        out = {"repeats": args.repeats, "batching": on, "off": off, "raw": raw}
+        from xdpx.server import ServeConfig
+
+        default = ServeConfig()
+        settings = {
+            "backend": args.backend,
+            "max_batch_size": args.max_batch_size,
+            "max_wait_ms": default.max_wait_ms if args.max_wait_ms is None else args.max_wait_ms,
+            "inline_ms": default.inline_ms if args.inline_ms is None else args.inline_ms,
+            "threads": args.threads,
+            "requests": args.requests,
+        }
+        out = {
+            "repeats": args.repeats,
+            "settings": settings,
+            "batching": on,
+            "off": off,
+            "raw": raw,
+        }
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
 
 
