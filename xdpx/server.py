@@ -257,10 +257,10 @@ class DynamicBatcher:
     demo's ngram_lr answers one text in 0.2 ms. So a call whose expected time (texts x
     the running mean of seconds per text of earlier calls, measured inside the call) is
     under ``inline_ms`` runs on the event loop itself, which it blocks that long. On
-    the demo model behind ``bench/serve_load.py`` (calls up to 8 texts on the loop
-    against none): one client 0.71 against 1.02 ms per request (p50), 8 clients 3,572
-    against 2,763 requests/s, batching off 1.7x the requests/s at 64 clients. The first
-    call, with no estimate yet, and the calls of a large model run in the thread.
+    the demo model with ``bench/serve_load.py``'s clients, both versions up in one run:
+    one client 0.65 against 0.75 ms per request (p50); batching off at 64 clients 3,045
+    against 1,636 requests/s. The first call, with no estimate yet, and the calls of a
+    large model run in the thread.
 
     Call :meth:`start` inside the event loop, :meth:`stop` at shutdown.
     """
@@ -608,10 +608,10 @@ class _Front:
     to the FastAPI app.
 
     The hot endpoints skip FastAPI's and Starlette's per-request layers (telemetry, error
-    and exception middleware, exit stack, router): with dynamic batching the server is
-    bound by the Python work per request (one GIL for the event loop and the model
-    thread), and those layers were half of the event loop's CPU per request (py-spy at
-    concurrency 64: 0.29 -> 0.13 ms). The answers are the same: an ``HTTPException``
+    and exception middleware, exit stack, router): the event loop's Python work is the
+    floor of every request's cost, and those layers were half of it (the loop thread's
+    CPU per request at concurrency 64, from ``/proc``: 0.29 -> 0.13 ms). The answers are
+    the same: an ``HTTPException``
     becomes ``{"detail": ...}`` with its status and headers, as FastAPI's handler makes
     it; any other error a logged ``500``.
 
@@ -634,7 +634,6 @@ class _Front:
     ) -> None:
         self.app, self.cfg, self.requests, self.latency = app, config, requests, latency
         self.predict, self.infer = predict, infer
-        self.state = app.state
 
     def _hot(self, scope: dict[str, Any]) -> tuple[str, Callable[[bytes], Any]] | None:
         """``(endpoint, body -> Response)`` of a hot POST, else None."""
