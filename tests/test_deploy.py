@@ -10,7 +10,6 @@ end, also on failure; every wait is bounded.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import re
@@ -25,6 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 from small_run import SMALL_RUN
+from snapshot import files_under
 
 pytestmark = pytest.mark.e2e
 
@@ -164,14 +164,6 @@ def _checkout(dest: Path, bucket) -> Path:
     _sh(["git", "remote", "add", "origin", str(origin)], dest, env)
     _sh(["git", "push", "-q", "origin", "main"], dest, env)
     return dest
-
-
-def _tree_sha256(root: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    }
 
 
 def _wait_final(client, flow_run_id: str, worker_log: Path):
@@ -331,8 +323,8 @@ def test_deployment_run_on_process_worker(server, client, store_bucket, tmp_path
         _sh(dvc + ["exp", "apply", run_dirs[2].name], clone, git_env)
         _sh(dvc + ["pull"], clone, git_env)
         for part in ("best", "export"):
-            got = _tree_sha256(clone / "models/default" / part)
-            assert got and got == _tree_sha256(run_dirs[2] / "models/default" / part)
+            got = files_under(clone / "models/default" / part)
+            assert got and got == files_under(run_dirs[2] / "models/default" / part)
 
         # The UI: the dashboard and the flow run's page load (as a browser asks for them).
         base = api_url.removesuffix("/api")

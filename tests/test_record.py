@@ -7,7 +7,6 @@ is in tests/test_deploy.py; this file checks the recording itself and its failur
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from small_run import SMALL_RUN
+from snapshot import files_under
 
 pytestmark = pytest.mark.integration
 
@@ -31,14 +31,6 @@ def sh(args: list[str], cwd: Path, env: dict, ok: bool = True) -> subprocess.Com
     if ok:
         assert proc.returncode == 0, f"{args}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
-
-
-def tree_sha256(root: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    }
 
 
 def make_project(root: Path, env: dict) -> None:
@@ -95,7 +87,7 @@ def recorded(project):
     root, env, _, _ = project
     before = {
         "status": sh(["git", "status", "--porcelain", "--ignored"], root, env).stdout,
-        "run": tree_sha256(root / RUN),
+        "run": files_under(root / RUN),
         "params": (root / "params.yaml").read_bytes(),
     }
     rec = record_run(RUN, NAME, "params.yaml", SMALL, "models/default/best", root=root)
@@ -130,7 +122,7 @@ def test_recording_leaves_the_checkout_and_the_run_as_they_were(project, recorde
     assert status.replace("!! .dvc/cache/\n", "") == before["status"]  # the outs are in the cache
     assert (root / "params.yaml").read_bytes() == before["params"]
     assert not (root / "dvc.lock").exists()  # the checkout never ran dvc repro
-    assert tree_sha256(root / RUN) == before["run"]
+    assert files_under(root / RUN) == before["run"]
     # the cache shares the run's files (hard links), it does not copy them
     weights = root / RUN / "models/default/best/model.safetensors"
     assert weights.stat().st_nlink >= 2
@@ -162,7 +154,7 @@ def test_push_then_a_fresh_clone_gets_the_run_back_byte_for_byte(project, record
     sh(dvc + ["pull"], clone, env)
     run = root / RUN / "models/default"
     for part in ("best", "export"):
-        assert tree_sha256(clone / "models/default" / part) == tree_sha256(run / part)
+        assert files_under(clone / "models/default" / part) == files_under(run / part)
     assert (clone / "reports/metrics.json").read_bytes() == (root / RUN / "reports/metrics.json").read_bytes()  # fmt: skip
     status = sh(dvc + ["status"], clone, env).stdout
     assert "up to date" in status, status

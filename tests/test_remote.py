@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from snapshot import files_under
 
 from stages import evaluate, export, predict, prepro, train
 from xdpx import io
@@ -38,16 +39,6 @@ FAST_RETRIES = {
 }
 #: Train settings of every chain: ngram_lr with a small table, two epochs, a full last/.
 TRAIN = {"ngram_buckets": 65536, "max_epoch": 2, "save_full_checkpoint": True, "seed": 3}
-
-
-def files_under(root: str | Path) -> dict[str, str]:
-    """Relative path -> sha256 of every file under a local directory (a snapshot)."""
-    root = Path(root)
-    return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    }
 
 
 def assert_no_secret(paths: list[Path], *texts: str, secrets: tuple[str, ...] = ()) -> int:
