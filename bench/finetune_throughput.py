@@ -37,6 +37,12 @@ Usage::
 
     python bench/finetune_throughput.py [--limit 2000] [--max-len 64] [--batch-size 32]
         [--warmup 3] [--updates 20] [--repeats 3] [--threads 1]
+
+The defaults are the CPU measurement above. ``bench/gpu_check.py`` calls the same functions
+with ``device="cuda"``, ``precision`` fp16/bf16 (Trainer's ``fp16=True``/``bf16=True``;
+xdpx's ``train.precision``), ``log_interval`` L > 1 (xdpx: a log row every L updates, the
+update times are the row-to-row times / L; Trainer: ``logging_steps=L``) and ``dev``: a dev
+split prepared and scored by each side after its last update (outside the timed updates).
 """
 
 from __future__ import annotations
@@ -65,12 +71,19 @@ LR, WEIGHT_DECAY, WARMUP_RATIO, MAX_GRAD_NORM, SEED = 5e-5, 0.01, 0.1, 1.0, 1
 
 
 def hf_trainer_loop(
-    features: list[dict], order: np.ndarray, args: argparse.Namespace, tok: Any, out_dir: str
-) -> tuple[list[float], float]:
-    """``transformers.Trainer.train()`` over ``order``; returns (timed update seconds, last loss).
+    features: list[dict],
+    order: np.ndarray,
+    args: argparse.Namespace,
+    tok: Any,
+    out_dir: str,
+    dev_features: list[dict] | None = None,
+) -> tuple[list[float], float, float | None]:
+    """``transformers.Trainer.train()`` over ``order``; returns (timed update seconds, last
+    loss, dev accuracy or None).
 
     The Trainer is unmodified except for its sampler: ``train_sampling_strategy="sequential"``
-    over ``features`` reordered by ``order``, so both sides see the same batches.
+    over ``features`` reordered by ``order``, so both sides see the same batches. With
+    ``dev_features`` the trained model is scored by ``trainer.predict`` after training.
     """
     from transformers import (
         AutoModelForSequenceClassification,
@@ -102,6 +115,8 @@ def hf_trainer_loop(
             if logs and "loss" in logs:
                 self.loss = float(logs["loss"])
 
+    if args.warmup % args.log_interval or args.updates % args.log_interval:
+        raise ValueError("--warmup and --updates must be multiples of --log-interval")
     torch.manual_seed(SEED)
     model = AutoModelForSequenceClassification.from_pretrained(
         resolve_pretrained(MINILM), num_labels=2, local_files_only=True
@@ -109,18 +124,21 @@ def hf_trainer_loop(
     targs = TrainingArguments(
         output_dir=out_dir,
         per_device_train_batch_size=args.batch_size,
+        per_device_eval_batch_size=max(64, args.batch_size),
         max_steps=total,
-        learning_rate=LR,
+        learning_rate=args.lr,
         weight_decay=WEIGHT_DECAY,  # Trainer exempts bias and LayerNorm, as xdpx's no_decay
         warmup_steps=WARMUP_RATIO,  # a float < 1 is a ratio of max_steps (transformers 5)
         lr_scheduler_type="linear",
         max_grad_norm=MAX_GRAD_NORM,
         optim="adamw_torch_fused",  # xdpx's AdamW(fused=True)
-        logging_steps=1,  # a loss .item() every update, as xdpx's log_interval=1
+        logging_steps=args.log_interval,  # a loss .item() every L updates, as xdpx's log_interval
         save_strategy="no",
         eval_strategy="no",
         report_to="none",
-        use_cpu=True,
+        use_cpu=args.device == "cpu",
+        fp16=args.precision == "fp16",
+        bf16=args.precision == "bf16",
         seed=SEED,
         dataloader_num_workers=0,
         train_sampling_strategy="sequential",
@@ -138,11 +156,24 @@ def hf_trainer_loop(
     torch.set_num_threads(args.threads)  # in case Trainer's setup changed it
     trainer.train()
     assert len(clock.ends) == total + 1, len(clock.ends)
-    return list(np.diff(clock.ends[args.warmup :])), clock.loss
+    accuracy = None
+    if dev_features is not None:
+        pred = trainer.predict(dev_features)
+        labels = np.array([f["labels"] for f in dev_features])
+        accuracy = float((np.argmax(pred.predictions, -1) == labels).mean())
+    return list(np.diff(clock.ends[args.warmup :])), clock.loss, accuracy
 
 
-def xdpx_run(prepared: str, save_dir: str, args: argparse.Namespace) -> tuple[list[float], float]:
-    """``stages.train.run`` with hf_classifier; returns (timed update seconds, last loss)."""
+def xdpx_run(
+    prepared: str, save_dir: str, args: argparse.Namespace
+) -> tuple[list[float], float, float | None]:
+    """``stages.train.run`` with hf_classifier; returns (timed update seconds, last loss, dev
+    accuracy or None).
+
+    With a log row every ``args.log_interval`` = L updates, each update's time is its row's
+    ``wall_time`` minus the previous row's, / L. With a dev split in ``prepared`` the run
+    scores it once, after its last update (``eval_interval`` beyond the run's length).
+    """
     from stages import train
     from xdpx.config import TrainConfig
     from xdpx.rundir import RunDir
@@ -156,14 +187,16 @@ def xdpx_run(prepared: str, save_dir: str, args: argparse.Namespace) -> tuple[li
         batch_size=args.batch_size,
         max_epoch=1,
         max_update=total,
-        learning_rate=LR,
+        learning_rate=args.lr,
         weight_decay=WEIGHT_DECAY,
         warmup_ratio=WARMUP_RATIO,
         lr_scheduler="linear",
         clip_norm=MAX_GRAD_NORM,
-        log_interval=1,
+        log_interval=args.log_interval,
+        eval_interval=total + 1,  # dev (if any) scored once, after the last update
         threads=args.threads,
-        device="cpu",
+        device=args.device,
+        precision=args.precision,
         seed=SEED,
     )
     with contextlib.redirect_stderr(io.StringIO()):  # the progress bar (logs still show)
@@ -171,13 +204,16 @@ def xdpx_run(prepared: str, save_dir: str, args: argparse.Namespace) -> tuple[li
     assert result.num_updates == total, result
     with open(RunDir(save_dir).train_log, newline="") as f:
         rows = list(csv.DictReader(f, delimiter="\t"))
-    assert [int(r["update"]) for r in rows] == list(range(1, total + 1))
+    every = args.log_interval
+    assert [int(r["update"]) for r in rows] == list(range(every, total + 1, every))
     wall = [float(r["wall_time"]) for r in rows]
-    return list(np.diff(wall[args.warmup - 1 :])), float(rows[-1]["loss"])
+    per_row = np.diff(wall[args.warmup // every - 1 :]) / every
+    accuracy = result.best_valid.get("accuracy") if result.best_valid else None
+    return [float(t) for t in np.repeat(per_row, every)], float(rows[-1]["loss"]), accuracy
 
 
-def main(argv: list[str] | None = None) -> dict[str, float]:
-    """Run both sides; print samples/s and the ratios xdpx / Trainer."""
+def build_parser() -> argparse.ArgumentParser:
+    """The options; ``parse_args([])`` gives the defaults (the CPU measurement)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--limit", type=int, default=2000, help="fetch.limit (texts of all splits)")
     ap.add_argument("--max-len", type=int, default=64)
@@ -188,70 +224,149 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ap.add_argument(
         "--threads", type=int, default=1, help="torch threads (1: steadiest on a shared machine)"
     )
-    args = ap.parse_args(argv)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp32")
+    ap.add_argument(
+        "--log-interval",
+        type=int,
+        default=1,
+        help="xdpx log_interval = Trainer logging_steps (--warmup, --updates: multiples of it)",
+    )
+    ap.add_argument("--lr", type=float, default=LR)
+    ap.add_argument(
+        "--transliterate", choices=["pinyin"], default=None, help="prepro.transliterate"
+    )
+    ap.add_argument(
+        "--dev", action="store_true", help="also prepare dev; each side scores it after training"
+    )
+    return ap
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Raises ValueError for a combination the timing cannot handle."""
     if args.warmup < 1 or args.updates < 1:
-        ap.error("--warmup and --updates must be >= 1")
+        raise ValueError("--warmup and --updates must be >= 1")
+    if args.warmup % args.log_interval or args.updates % args.log_interval:
+        raise ValueError("--warmup and --updates must be multiples of --log-interval")
 
-    from transformers.utils import logging as hf_logging
 
+def prepare(tmp: str, args: argparse.Namespace) -> dict[str, Any]:
+    """fetch + prepro (MiniLM's tokenizer) into ``tmp``; the baseline's features in xdpx's order.
+
+    Returns a dict: ``raw``, ``prepared`` (directories), ``tok`` (MiniLM's fast tokenizer),
+    ``features`` (train rows for Trainer, checked equal to xdpx's shards), ``order`` (xdpx's
+    epoch-1 order), ``dev_features`` (None without ``args.dev``), ``n_train``.
+
+    Raises:
+        ValueError: fewer train samples than ``(warmup + updates) * batch_size``.
+    """
     from stages import fetch, prepro
     from xdpx.config import FetchConfig, PreproConfig
     from xdpx.data import load_split, make_tokenizer, read_examples
+    from xdpx.data.transliterate import make_transliterator
     from xdpx.sampling import epoch_order
+
+    raw, prepared = f"{tmp}/raw", f"{tmp}/prepared"
+    fetch.run(FetchConfig(out_dir=raw, limit=args.limit))
+    files = {"train": "train.tsv", **({"dev": "dev.tsv"} if args.dev else {})}
+    pcfg = PreproConfig(
+        data_source=raw,
+        data_dir=prepared,
+        data_files=files,  # without a dev split xdpx evaluates nothing inside the run
+        tokenizer="hf",
+        tokenizer_path=MINILM,
+        max_len=args.max_len,
+        transliterate=args.transliterate,
+    )
+    prepro.run(pcfg)
+    tok = make_tokenizer("hf", path=MINILM).tok
+    translit = make_transliterator(args.transliterate) or (lambda t: t)
+
+    def features_of(split: str) -> list[dict]:
+        shards = load_split(prepared, split)
+        texts = [translit(t) for t in read_examples(f"{raw}/{split}.tsv", pcfg).texts]
+        enc = tok(texts, truncation=True, max_length=args.max_len)
+        assert enc["input_ids"] == [x.tolist() for x in shards.input_ids], f"{split}: data differ"
+        return [
+            {**{k: v[i] for k, v in enc.items()}, "labels": int(y)}
+            for i, y in enumerate(shards.labels)
+        ]
+
+    features = features_of("train")
+    need = (args.warmup + args.updates) * args.batch_size
+    if len(features) < need:
+        raise ValueError(f"{len(features)} train samples < {need} needed: raise --limit")
+    return {
+        "raw": raw,
+        "prepared": prepared,
+        "tok": tok,
+        "features": features,
+        "order": epoch_order(len(features), SEED, 1),  # the xdpx Trainer's order of epoch 1
+        "dev_features": features_of("dev") if args.dev else None,
+        "n_train": len(features),
+    }
+
+
+def compare(
+    data: dict[str, Any], args: argparse.Namespace, tmp: str, echo: Any = print
+) -> dict[str, Any]:
+    """Both sides ``args.repeats`` times, alternating which goes first.
+
+    Returns samples/s (``{side}_window_samples_per_s``, ``{side}_median_samples_per_s``,
+    best of the repeats), ``window_ratio``/``median_ratio`` (xdpx / Trainer), the last loss
+    and (with ``args.dev``) the dev accuracy of each side's last repeat
+    (``{side}_loss``, ``{side}_dev_accuracy``).
+    """
+    times: dict[str, list[list[float]]] = {"hf": [], "xdpx": []}
+    out: dict[str, Any] = {}
+    bs = args.batch_size
+    for r in range(args.repeats):
+        for side in ["hf", "xdpx"] if r % 2 == 0 else ["xdpx", "hf"]:
+            if side == "hf":
+                t, loss, acc = hf_trainer_loop(
+                    data["features"], data["order"], args, data["tok"], f"{tmp}/hf{r}",
+                    data["dev_features"],
+                )  # fmt: skip
+            else:
+                t, loss, acc = xdpx_run(data["prepared"], f"{tmp}/run{r}", args)
+            times[side].append(t)
+            out[f"{side}_loss"], out[f"{side}_dev_accuracy"] = loss, acc
+            echo(
+                f"  repeat {r + 1} {side:4s}: window {len(t) * bs / sum(t):6.1f} samples/s, "
+                f"median update {float(np.median(t)):.4f} s, loss {loss:.4f}"
+                + (f", dev accuracy {acc:.4f}" if acc is not None else "")
+            )
+    for side, runs in times.items():
+        out[f"{side}_window_samples_per_s"] = max(len(t) * bs / sum(t) for t in runs)
+        out[f"{side}_median_samples_per_s"] = max(bs / float(np.median(t)) for t in runs)
+    for kind in ("window", "median"):
+        out[f"{kind}_ratio"] = out[f"xdpx_{kind}_samples_per_s"] / out[f"hf_{kind}_samples_per_s"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    """Run both sides; print samples/s and the ratios xdpx / Trainer."""
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    try:
+        check_args(args)
+    except ValueError as e:
+        ap.error(str(e))
+
+    from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        raw, prepared = f"{tmp}/raw", f"{tmp}/prepared"
-        fetch.run(FetchConfig(out_dir=raw, limit=args.limit))
-        pcfg = PreproConfig(
-            data_source=raw,
-            data_dir=prepared,
-            data_files={"train": "train.tsv"},  # no dev split: no evaluation inside the run
-            tokenizer="hf",
-            tokenizer_path=MINILM,
-            max_len=args.max_len,
-        )
-        prepro.run(pcfg)
-        shards = load_split(prepared, "train")
-        need = (args.warmup + args.updates) * args.batch_size
-        if len(shards.input_ids) < need:
-            ap.error(f"{len(shards.input_ids)} train samples < {need} needed: raise --limit")
-        tok = make_tokenizer("hf", path=MINILM).tok
-        texts = read_examples(f"{raw}/train.tsv", pcfg).texts
-        enc = tok(texts, truncation=True, max_length=args.max_len)
-        assert enc["input_ids"] == [x.tolist() for x in shards.input_ids], "data differ"
-        features = [
-            {**{k: v[i] for k, v in enc.items()}, "labels": int(y)}
-            for i, y in enumerate(shards.labels)
-        ]
-        order = epoch_order(len(features), SEED, 1)  # the xdpx Trainer's order of epoch 1
-
-        times: dict[str, list[list[float]]] = {"hf": [], "xdpx": []}
-        losses: dict[str, float] = {}
+        try:
+            data = prepare(tmp, args)
+        except ValueError as e:
+            ap.error(str(e))
+        out = compare(data, args, tmp, echo=lambda line: print(line, flush=True))
         bs = args.batch_size
-        for r in range(args.repeats):
-            for side in ["hf", "xdpx"] if r % 2 == 0 else ["xdpx", "hf"]:
-                if side == "hf":
-                    t, losses[side] = hf_trainer_loop(features, order, args, tok, f"{tmp}/hf{r}")
-                else:
-                    t, losses[side] = xdpx_run(prepared, f"{tmp}/run{r}", args)
-                times[side].append(t)
-                print(
-                    f"  repeat {r + 1} {side:4s}: window {len(t) * bs / sum(t):6.1f} samples/s, "
-                    f"median update {float(np.median(t)):.3f} s, loss {losses[side]:.4f}",
-                    flush=True,
-                )
-        out: dict[str, float] = {}
-        for side, runs in times.items():
-            out[f"{side}_window_samples_per_s"] = max(len(t) * bs / sum(t) for t in runs)
-            out[f"{side}_median_samples_per_s"] = max(bs / float(np.median(t)) for t in runs)
-        for kind in ("window", "median"):
-            out[f"{kind}_ratio"] = (
-                out[f"xdpx_{kind}_samples_per_s"] / out[f"hf_{kind}_samples_per_s"]
-            )
+        where = f"{args.precision} {args.device.upper()}"
         print(
-            f"MiniLM-L6 fine-tuning, fp32 CPU, {args.threads} threads, batch {bs}, "
+            f"MiniLM-L6 fine-tuning, {where}, {args.threads} threads, batch {bs}, "
             f"max_len {args.max_len}, {args.updates} timed updates after {args.warmup}, "
             f"best of {args.repeats} (samples/s; window = all timed updates, median = median update):\n"
             f"                              window   median\n"

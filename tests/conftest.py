@@ -18,7 +18,7 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
 
 # The slowest test files, slowest first (seconds per file measured under `make test` on
 # 2 cores: hf 260, dvc 201, dvc_queue 165, resume 161, deploy 156, distributed 132, remote
-# 109, dvc_remote 92, doctor 90, freelb 54, data 51, flow 34; every other file under 25). They start
+# 109, dvc_remote 92, doctor 90, freelb 54, data 51, gpu_check ~40 (alone), flow 34; every other file under 25). They start
 # first so that under pytest-xdist no long file is left to run alone at the end. This
 # needs `--no-loadscope-reorder` (the Makefile passes it): by default pytest-xdist >= 3.6
 # reorders files by their number of tests, which put these (1-13 tests each) last and
@@ -35,6 +35,7 @@ _SLOW_FIRST = (
     "test_doctor.py",
     "test_freelb.py",
     "test_data.py",
+    "test_gpu_check.py",
     "test_flow.py",
 )
 

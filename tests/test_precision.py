@@ -88,21 +88,20 @@ def test_fp16_min_loss_scale_stops_with_clear_error(real_subset, tmp_path):
 
 @cuda
 def test_auto_ga_on_real_cuda_oom(real_subset, tmp_path):
-    """A micro-batch too large for the GPU is halved until it fits; the run finishes."""
+    """A micro-batch too large for the GPU is halved until it fits; the run finishes.
+
+    The GPU is made too small by capping this process's CUDA memory between what the full
+    micro-batch of 256 and half of it need, measured first (``forced_oom_auto_ga`` in
+    bench/gpu_check.py). An embedding sized from free GPU memory would not do: its
+    vocab x dim weights (tens of TB for a GPU's worth of activations) fail on the CPU
+    before the model reaches the GPU.
+    """
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.gpu_check import forced_oom_auto_ga
+
     _, prepared = real_subset
-    free, _ = torch.cuda.mem_get_info()
-    # embedding_dim so large that 64 samples x 128 tokens x dim floats exceed free memory
-    dim = int(free / (64 * 128 * 4) * 1.5)
-    trainer = make_trainer(
-        prepared,
-        str(tmp_path / "a"),
-        model="bilstm",
-        device="cuda",
-        batch_size=64,
-        embedding_dim=dim,
-        hidden_size=8,
-        max_update=2,
-        auto_ga=True,
-    )
-    result = trainer.fit()
-    assert result.num_updates == 2 and trainer.state.micro_batch_size < 64
+    result = forced_oom_auto_ga(prepared, str(tmp_path / "a"))
+    assert result["ok"], result
