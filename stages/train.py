@@ -39,7 +39,7 @@ from xdpx.models import (
     check_model_fits_data,
     default_learning_rate,
     model_config_from,
-    with_default_learning_rate,
+    with_model_defaults,
 )
 from xdpx.rundir import BEST, LAST, RunDir
 from xdpx.stage import stage_main
@@ -221,7 +221,7 @@ def run(cfg: TrainConfig, on_eval: Callable[[EvalEvent], None] | None = None) ->
         PreflightError: ``preflight_doctor`` is on and a check failed (nothing written).
     """
     cfg = check(cfg)
-    cfg = with_default_learning_rate(cfg)  # written as such into the run's params.yaml
+    cfg = with_model_defaults(cfg)  # written as such into the run's params.yaml
     if cfg.preflight_doctor and os.environ.get("RANK", "0") == "0":
         preflight_doctor(cfg)
     resume_path = _resume_path(cfg)

@@ -73,12 +73,21 @@ def test_loss_decreases_and_beats_majority_on_real_subset(real_subset, tmp_path)
     assert (tmp_path / "run" / "dvclive" / "metrics.json").exists()
 
 
-@pytest.mark.parametrize("model", ["textcnn", "ngram_lr"])
+@pytest.mark.parametrize(
+    ("model", "extra"),
+    [
+        ("textcnn", {}),
+        ("ngram_lr", {}),
+        # sparse gradients accumulated over micro-batches, then LazyAdamW
+        ("ngram_lr", {"loss": "squared_hinge", "optimizer": "lazy_adamw"}),
+    ],
+)
 @pytest.mark.integration
-def test_update_freq_equals_larger_batch(real_subset, tmp_path, model):
+def test_update_freq_equals_larger_batch(real_subset, tmp_path, model, extra):
     """update_freq=4 x batch 8 == batch 32 (dropout off, fp32): same parameters within 1e-5."""
     _, prepared = real_subset
     common = dict(
+        **extra,
         model=model,
         dropout=0.0,
         max_update=6,

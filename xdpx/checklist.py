@@ -39,7 +39,7 @@ from xdpx.data.vocab import PAD, UNK, read_tokens
 from xdpx.diagnosis import find_nonfinite
 from xdpx.errors import DivergenceError
 from xdpx.inference import Batch, call_model, pad_batch
-from xdpx.models import build_for_training, model_config_from, with_default_learning_rate
+from xdpx.models import build_for_training, model_config_from, with_model_defaults
 from xdpx.sampling import rank_share
 
 __all__ = [
@@ -158,7 +158,7 @@ class Probe:
         """
         from xdpx.models import check_model_fits_data
 
-        cfg = with_default_learning_rate(cfg)
+        cfg = with_model_defaults(cfg)
         meta = PreparedMeta.read(cfg.data_dir)
         check_model_fits_data(cfg.model, cfg.data_dir, "train.model")
         data, _, texts = open_train_split(cfg.data_dir, cfg.train_subset, cfg.seed, cfg.lazy_load)

@@ -286,6 +286,20 @@ class TrainConfig(_Section):
         description="Peak AdamW learning rate; null = the model's default (ngram_lr 1e-2; "
         "textcnn, bilstm, match_esim, siamese 1e-3; hf_classifier 5e-5).",
     )
+    loss: Literal["auto", "cross_entropy", "squared_hinge"] = Field(
+        "cross_entropy",
+        description="Training loss: cross_entropy (softmax), or squared_hinge (one-vs-rest, "
+        "LinearSVC's loss; logits are then margins, not log-probabilities); auto = the "
+        "model's default_loss (ngram_lr, match_ngram: squared_hinge; the others: "
+        "cross_entropy).",
+    )
+    optimizer: Literal["auto", "adamw", "lazy_adamw"] = Field(
+        "adamw",
+        description="adamw (fused AdamW), or lazy_adamw: sparse gradients for the hashed "
+        "n-gram tables of ngram_lr/match_ngram, updating only the rows a batch touches "
+        "(xdpx.optim.LazyAdamW; far faster on big tables); auto = lazy_adamw for models "
+        "with such tables, else adamw.",
+    )
     weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay.")
     adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     adam_eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
@@ -475,6 +489,11 @@ class TrainConfig(_Section):
     def _loss_and_schedule_options_agree(self) -> TrainConfig:
         if self.class_weight and self.distill_from:
             raise ValueError("class_weight applies to plain cross-entropy, not with distill_from")
+        if self.loss == "squared_hinge" and self.distill_from:
+            raise ValueError(
+                "distill_from trains on the teacher's softened probabilities (cross-entropy "
+                "and KL); set loss=cross_entropy (or auto with a model whose default it is)"
+            )
         if self.lazy_load and self.distill_from:
             raise ValueError(
                 "distill_from needs the whole train split in memory (teacher logits are "

@@ -1,4 +1,4 @@
-"""The training loss of a micro-batch: cross-entropy, class-weighted or distilled."""
+"""The training loss of a micro-batch: cross-entropy or squared hinge, class-weighted, or distilled."""
 
 from __future__ import annotations
 
@@ -30,6 +30,30 @@ def balanced_class_weight(counts: np.ndarray) -> torch.Tensor:
     return torch.as_tensor(weight, dtype=torch.float32)
 
 
+def squared_hinge(
+    logits: torch.Tensor, y: torch.Tensor, class_weight: torch.Tensor | None = None
+) -> torch.Tensor:
+    """One-vs-rest squared hinge loss, summed over the batch: for each sample and class
+    ``c``, ``max(0, 1 - t_c * logits_c) ** 2`` with ``t_c = +1`` for its class and ``-1``
+    otherwise, summed over classes (the L2-loss of ``sklearn.svm.LinearSVC``, liblinear's
+    default, Fan et al. 2008, without the regularisation term), each sample's term
+    multiplied by its class's ``class_weight``.
+
+    Args:
+        logits: ``[batch, num_labels]`` margins; y: ``[batch]`` class indices;
+        class_weight: ``[num_labels]`` or None.
+
+    Returns:
+        A 0-d float32 tensor.
+    """
+    logits = logits.float()
+    sign = torch.full_like(logits, -1.0).scatter_(1, y.unsqueeze(1), 1.0)
+    per_sample = F.relu(1.0 - sign * logits).square().sum(dim=1)
+    if class_weight is not None:
+        per_sample = per_sample * class_weight[y]
+    return per_sample.sum()
+
+
 def training_loss(
     logits: torch.Tensor,
     y: torch.Tensor,
@@ -46,12 +70,15 @@ def training_loss(
         idx: ``[batch]`` sample ids (rows of ``teacher_logits``).
         class_weight: ``[num_labels]`` (``train.class_weight: balanced``) or None.
         teacher_logits: ``[n_train, num_labels]`` (``train.distill_from``) or None.
-        cfg: the ``train`` section (``distill_alpha``, ``distill_temperature``).
+        cfg: the ``train`` section (``loss``, ``distill_alpha``, ``distill_temperature``).
 
-    Cross-entropy (each sample's weighted by its class with ``class_weight``); with teacher
+    Cross-entropy, or :func:`squared_hinge` with ``cfg.loss == "squared_hinge"`` (each
+    sample's loss weighted by its class with ``class_weight``); with teacher
     logits, Hinton et al.'s distillation loss (``xdpx.distill.distill_loss``), its parts
     sent to the ``distill_ce`` / ``distill_kl`` summaries (per-sample means).
     """
+    if teacher_logits is None and getattr(cfg, "loss", "cross_entropy") == "squared_hinge":
+        return squared_hinge(logits, y, class_weight)
     if teacher_logits is None:
         return F.cross_entropy(logits.float(), y, weight=class_weight, reduction="sum")
     teacher = teacher_logits[torch.from_numpy(idx).to(logits.device)]

@@ -13,7 +13,14 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["build_optimizer", "build_scheduler", "param_groups", "warmup_updates"]
+__all__ = [
+    "LazyAdamW",
+    "build_optimizer",
+    "build_scheduler",
+    "clip_grad_norm",
+    "param_groups",
+    "warmup_updates",
+]
 
 
 def _is_head(module: nn.Module, name: str) -> bool:
@@ -65,12 +72,116 @@ def warmup_updates(cfg: Any, total_updates: int) -> int:
     return cfg.warmup_steps
 
 
+class LazyAdamW(torch.optim.Optimizer):
+    """AdamW whose sparse gradients update only the rows they touch ("lazy" Adam).
+
+    A dense gradient gets the AdamW update (Loshchilov & Hutter 2019: Adam's moments with
+    bias correction, decoupled weight decay). A sparse gradient (``torch.sparse_coo``, from
+    ``embedding_bag(..., sparse=True)``) updates the moments and the weights of its rows
+    only, as ``torch.optim.SparseAdam`` and Keras' ``LazyAdam`` do, with the decay applied to
+    those rows; the step count is per parameter, as in SparseAdam. For a hashed table of
+    millions of rows of which a batch touches a few thousand, a step costs what the batch
+    touches instead of the whole table.
+
+    Args:
+        params: parameters or groups (``lr``, ``weight_decay`` per group).
+        lr: learning rate; betas, eps, weight_decay: as ``torch.optim.AdamW``.
+    """
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ) -> None:
+        super().__init__(
+            params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
+        )
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:  # noqa: D102 (torch's)
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                state["step"] += 1
+                m, v, t = state["exp_avg"], state["exp_avg_sq"], state["step"]
+                step_size = lr / (1 - beta1**t)
+                root_bc2 = math.sqrt(1 - beta2**t)
+                grad = p.grad
+                if grad.is_sparse:
+                    grad = grad.coalesce()
+                    rows, values = grad.indices()[0], grad.values()
+                    m_rows = m[rows].mul_(beta1).add_(values, alpha=1 - beta1)
+                    v_rows = v[rows].mul_(beta2).addcmul_(values, values, value=1 - beta2)
+                    m[rows], v[rows] = m_rows, v_rows
+                    w = p[rows]
+                    if wd:
+                        w.mul_(1 - lr * wd)
+                    w.addcdiv_(m_rows, v_rows.sqrt().div_(root_bc2).add_(eps), value=-step_size)
+                    p[rows] = w
+                else:
+                    if wd:
+                        p.mul_(1 - lr * wd)
+                    m.mul_(beta1).add_(grad, alpha=1 - beta1)
+                    v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                    p.addcdiv_(m, v.sqrt().div_(root_bc2).add_(eps), value=-step_size)
+        return loss
+
+
+def clip_grad_norm(params: Any, max_norm: float) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` (L2) that also takes sparse gradients
+    (``optimizer: lazy_adamw``), whose norm is that of their coalesced values.
+
+    Returns:
+        The total L2 norm of all gradients before clipping (a 0-d tensor).
+    """
+    params = [p for p in params if p.grad is not None]
+    if not any(p.grad.is_sparse for p in params):
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    parts = []
+    for p in params:
+        if p.grad.is_sparse:
+            p.grad = p.grad.coalesce()
+            parts.append(torch.linalg.vector_norm(p.grad.values()))
+        else:
+            parts.append(torch.linalg.vector_norm(p.grad))
+    total = torch.linalg.vector_norm(torch.stack(parts))
+    coef = max_norm / (total + 1e-6)
+    if coef < 1:
+        for p in params:
+            (p.grad.values() if p.grad.is_sparse else p.grad).mul_(coef)
+    return total
+
+
 def build_optimizer(module: nn.Module, cfg: Any) -> torch.optim.Optimizer:
-    """``AdamW`` over :func:`param_groups` with ``adam_betas``, ``adam_eps``, ``weight_decay``.
+    """``AdamW`` over :func:`param_groups` with ``adam_betas``, ``adam_eps``, ``weight_decay``;
+    :class:`LazyAdamW` with ``optimizer: lazy_adamw``, which also switches a model with
+    ``sparse_grad_tables`` (ngram_lr, match_ngram) to sparse gradients for them.
 
     ``fused=True``: one kernel per step, several times faster than ``foreach`` on CPU for
     big embedding tables (measured on ngram_lr's hashed table).
     """
+    if cfg.optimizer == "lazy_adamw":
+        if getattr(module, "sparse_grad_tables", ()):
+            module.sparse_grad = True
+        return LazyAdamW(
+            param_groups(module, cfg),
+            lr=cfg.learning_rate,
+            betas=tuple(cfg.adam_betas),
+            eps=cfg.adam_eps,
+            weight_decay=cfg.weight_decay,
+        )
     return torch.optim.AdamW(
         param_groups(module, cfg),
         lr=cfg.learning_rate,

@@ -56,8 +56,8 @@ from xdpx.inference import (
 from xdpx.losses import balanced_class_weight, training_loss
 from xdpx.metrics import classification_metrics
 from xdpx.mlm import IGNORE_INDEX, MaskedLM, evaluate_mlm, mlm_loss, pad_masked
-from xdpx.models import with_default_learning_rate
-from xdpx.optim import build_optimizer, build_scheduler
+from xdpx.models import with_model_defaults
+from xdpx.optim import build_optimizer, build_scheduler, clip_grad_norm
 from xdpx.rundir import BEST, LAST, RunDir
 from xdpx.runlog import RunLog, progress_bar, train_row
 from xdpx.sampling import micro_batches, place, rank_share, total_updates, update_seed
@@ -143,7 +143,7 @@ class Trainer:
             raise ValueError(
                 f"teacher_logits must be [{n}, num_labels], got {teacher_logits.shape}"
             )
-        self.cfg = cfg = with_default_learning_rate(cfg)
+        self.cfg = cfg = with_model_defaults(cfg)
         # module: the bare model (eval, save, diagnose); model: DDP-wrapped under torchrun
         self.module, self.model, self.device, self.world_size, self.rank = place(model, cfg)
         self.valid_seqs, self.valid_labels = valid_seqs, valid_labels
@@ -289,7 +289,7 @@ class Trainer:
                 {"update": st.num_updates + 1, **diagnosis.group_grad_norms(self.module)}
             )
         max_norm = cfg.clip_norm if cfg.clip_norm > 0 else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), max_norm))
+        grad_norm = float(clip_grad_norm(self.module.parameters(), max_norm))
         fp16 = cfg.precision == "fp16"
         diagnosis.check_update(
             loss, grad_norm, st.num_updates + 1, st.epoch, cfg.max_loss, fp16,

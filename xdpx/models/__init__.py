@@ -102,12 +102,27 @@ def default_learning_rate(name: str) -> float:
     return float(MODELS[name].default_learning_rate)
 
 
-def with_default_learning_rate(train_cfg: Any) -> Any:
-    """``train_cfg`` (a TrainConfig), with ``learning_rate: null`` replaced by its model's
-    :func:`default_learning_rate`; unchanged (the same object) otherwise."""
-    if train_cfg.learning_rate is not None:
-        return train_cfg
-    return train_cfg.model_copy(update={"learning_rate": default_learning_rate(train_cfg.model)})
+def with_model_defaults(train_cfg: Any) -> Any:
+    """``train_cfg`` (a TrainConfig) with its model-dependent settings made concrete:
+    ``learning_rate: null`` -> the model's :func:`default_learning_rate`; ``loss: auto`` ->
+    the model class's ``default_loss`` (``cross_entropy`` when absent, and always with
+    ``distill_from``); ``optimizer: auto`` -> ``lazy_adamw`` for a model class with
+    ``sparse_grad_tables`` (hashed n-gram tables: ngram_lr, match_ngram), else ``adamw``.
+    Unchanged (the same object) when nothing is ``null``/``auto``.
+
+    Raises:
+        KeyError: unknown model name.
+    """
+    update: dict[str, Any] = {}
+    if train_cfg.learning_rate is None:
+        update["learning_rate"] = default_learning_rate(train_cfg.model)
+    cls = MODELS[train_cfg.model]
+    if train_cfg.loss == "auto":
+        loss = getattr(cls, "default_loss", "cross_entropy")
+        update["loss"] = "cross_entropy" if train_cfg.distill_from else loss
+    if train_cfg.optimizer == "auto":
+        update["optimizer"] = "lazy_adamw" if getattr(cls, "sparse_grad_tables", ()) else "adamw"
+    return train_cfg.model_copy(update=update) if update else train_cfg
 
 
 def build_for_training(
@@ -181,7 +196,7 @@ __all__ = [
     "default_learning_rate",
     "input_names",
     "model_config_from",
-    "with_default_learning_rate",
+    "with_model_defaults",
 ]
 
 

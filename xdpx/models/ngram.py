@@ -130,6 +130,13 @@ class NgramLR(nn.Module):
 
     #: ``train.learning_rate: null`` means this (the demo's setting, chosen on dev).
     default_learning_rate = 1e-2
+    #: ``train.loss: auto`` means this: the linear SVM's loss (README "Benchmark suite").
+    default_loss = "squared_hinge"
+    #: tables whose gradients are sparse under ``train.optimizer: lazy_adamw``
+    #: (``xdpx.optim.build_optimizer`` sets :attr:`sparse_grad`)
+    sparse_grad_tables: tuple[str, ...] = ("weight",)
+    #: embedding bags emit sparse gradients (only the rows a batch touches)
+    sparse_grad = False
 
     def __init__(
         self,
@@ -317,8 +324,9 @@ class NgramLR(nn.Module):
         per_text = torch.bincount(text, minlength=len(input_ids))
         offsets = torch.cumsum(per_text, 0) - per_text
         out = F.embedding_bag(
-            rows, self.weight.weight, offsets, mode="sum", per_sample_weights=values
-        )
+            rows, self.weight.weight, offsets, mode="sum", per_sample_weights=values,
+            sparse=self.sparse_grad,
+        )  # fmt: skip
         return out + self.bias
 
     def padded_features(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -476,6 +484,7 @@ class MatchNgram(NgramLR):
     """
 
     input_names = ("input_ids", "input_ids2")
+    sparse_grad_tables = ("weight", "weight_prod")
 
     def _build_tables(self, rows: int) -> None:
         self.weight = nn.Embedding(rows + 1, self.num_labels, padding_idx=0)  # |u - v|
@@ -502,11 +511,13 @@ class MatchNgram(NgramLR):
         per_pair = torch.bincount(pair, minlength=batch)
         offsets = torch.cumsum(per_pair, 0) - per_pair
         diff = F.embedding_bag(
-            rows, self.weight.weight, offsets, mode="sum", per_sample_weights=(u - v).abs()
-        )
+            rows, self.weight.weight, offsets, mode="sum", per_sample_weights=(u - v).abs(),
+            sparse=self.sparse_grad,
+        )  # fmt: skip
         prod = F.embedding_bag(
-            rows, self.weight_prod.weight, offsets, mode="sum", per_sample_weights=u * v
-        )
+            rows, self.weight_prod.weight, offsets, mode="sum", per_sample_weights=u * v,
+            sparse=self.sparse_grad,
+        )  # fmt: skip
         cos = torch.zeros(batch).index_add_(0, pair, u * v).unsqueeze(1)
         return diff + prod + self.cosine(cos) + self.bias
 
