@@ -129,6 +129,27 @@ def test_paths_agree_padding_invariant_and_single_text(tmp_path) -> None:
         assert logits.std() > 0.1
 
 
+@pytest.mark.unit
+def test_remembered_training_features_are_the_computed_ones(tmp_path) -> None:
+    """Training with sparse gradients remembers each text's features: on real English texts
+    (word + char n-grams), a batch of new texts, then of seen and new ones mixed (one text
+    twice), give exactly :meth:`features`; prepare() forgets them."""
+    texts = _corpus(tmp_path, "stsb", 300)
+    vocab, ids = _encode([WordTokenizer().tokenize(t) for t in texts])
+    model = NgramLR(len(vocab), 3, [1, 2], 1 << 18, char_ngram_orders=[2, 3, 4, 5])
+    model.prepare(vocab.tokens, ids)
+    model.sparse_grad = True
+    model.train()
+    for batch in (_pad(ids[:8]), _pad([ids[5], ids[20], ids[2], ids[20], ids[9]], extra=3)):
+        want = model.features(batch)
+        got = model.train_features(batch)
+        for w, g in zip(want, got, strict=True):
+            torch.testing.assert_close(g, w, atol=0, rtol=0)
+    assert len(model._memo) == 10 and model._memo_bytes > 0
+    model.prepare(vocab.tokens, ids)
+    assert model._memo == {} and model._memo_bytes == 0
+
+
 def _meta(tokenizer: str) -> PreparedMeta:
     return PreparedMeta(
         tokenizer=tokenizer,

@@ -122,14 +122,16 @@ class LazyAdamW(torch.optim.Optimizer):
                 if grad.is_sparse:
                     grad = grad.coalesce()
                     rows, values = grad.indices()[0], grad.values()
-                    m_rows = m[rows].mul_(beta1).add_(values, alpha=1 - beta1)
-                    v_rows = v[rows].mul_(beta2).addcmul_(values, values, value=1 - beta2)
-                    m[rows], v[rows] = m_rows, v_rows
-                    w = p[rows]
+                    m_rows = m.index_select(0, rows).mul_(beta1).add_(values, alpha=1 - beta1)
+                    v_rows = v.index_select(0, rows).mul_(beta2)
+                    v_rows.addcmul_(values, values, value=1 - beta2)
+                    m.index_copy_(0, rows, m_rows)
+                    v.index_copy_(0, rows, v_rows)
+                    w = p.index_select(0, rows)
                     if wd:
                         w.mul_(1 - lr * wd)
-                    w.addcdiv_(m_rows, v_rows.sqrt().div_(root_bc2).add_(eps), value=-step_size)
-                    p[rows] = w
+                    w.addcdiv_(m_rows, v_rows.sqrt_().div_(root_bc2).add_(eps), value=-step_size)
+                    p.index_copy_(0, rows, w)
                 else:
                     if wd:
                         p.mul_(1 - lr * wd)

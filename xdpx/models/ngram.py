@@ -170,6 +170,9 @@ class NgramLR(nn.Module):
         self.weighting = ngram_weighting
         self.min_df = ngram_min_df
         self.min_len = 1
+        # training with sparse_grad: text (token bytes) -> (rows, values), see train_features
+        self._memo: dict[bytes, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._memo_bytes = 0
         rows = ngram_buckets if num_features is None else num_features
         self.num_features = rows
         # bucket (0 = none, 1..buckets) -> row of the weight table (0 = dropped)
@@ -316,11 +319,52 @@ class NgramLR(nn.Module):
         norm = torch.zeros(len(input_ids)).index_add_(0, text, values.square()).sqrt()
         return text, rows, values / norm.clamp(min=1e-12)[text]
 
+    #: :meth:`train_features` keeps at most this many bytes of feature rows.
+    memo_max_bytes = 1 << 30
+
+    def train_features(
+        self, input_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`features`, remembered per text while training with sparse gradients.
+
+        A text's features depend on its tokens and on the tables :meth:`prepare` built, which
+        do not change during training; so each distinct text is hashed once, and later
+        epochs look its ``(rows, values)`` up by its token bytes (the same numbers as
+        :meth:`features` computes for it). At most :attr:`memo_max_bytes` are kept (then
+        new texts are computed each time); :meth:`prepare` forgets them. Outside training
+        with ``sparse_grad``, or on CUDA, this is :meth:`features`.
+
+        Args:
+            input_ids: ``[batch, seq_len]`` int64, right-padded.
+
+        Returns:
+            As :meth:`features`.
+        """
+        if not (self.training and self.sparse_grad) or input_ids.is_cuda:
+            return self.features(input_ids)
+        lengths = (input_ids != self.pad_id).sum(dim=1).tolist()
+        ids = input_ids.numpy()
+        keys = [ids[i, :n].tobytes() for i, n in enumerate(lengths)]
+        missing = [i for i, k in enumerate(keys) if k not in self._memo]
+        fresh: dict[bytes, tuple[torch.Tensor, torch.Tensor]] = {}
+        if missing:
+            text, rows, values = self.features(input_ids[missing])
+            counts = torch.bincount(text, minlength=len(missing)).tolist()
+            for i, r, v in zip(missing, rows.split(counts), values.split(counts), strict=True):
+                fresh[keys[i]] = (r, v)
+                if self._memo_bytes < self.memo_max_bytes:
+                    self._memo[keys[i]] = (r, v)
+                    self._memo_bytes += 12 * len(r)
+        parts = [self._memo.get(k) or fresh[k] for k in keys]
+        counts = torch.tensor([len(r) for r, _ in parts])
+        text = torch.repeat_interleave(torch.arange(len(keys)), counts)
+        return text, torch.cat([r for r, _ in parts]), torch.cat([v for _, v in parts])
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Args: input_ids ``[batch, seq_len]`` int64. Returns: logits ``[batch, num_labels]``."""
         if torch.onnx.is_in_onnx_export():
             return self._forward_padded(input_ids)
-        text, rows, values = self.features(input_ids)
+        text, rows, values = self.train_features(input_ids)
         per_text = torch.bincount(text, minlength=len(input_ids))
         offsets = torch.cumsum(per_text, 0) - per_text
         out = F.embedding_bag(
@@ -444,6 +488,7 @@ class NgramLR(nn.Module):
         rows = torch.zeros(self.buckets + 1, dtype=torch.int32)
         rows[kept] = torch.arange(1, int(kept.sum()) + 1, dtype=torch.int32)
         self.feature_rows = rows
+        self._memo, self._memo_bytes = {}, 0
         self.num_features = int(kept.sum())
         idf = torch.zeros(self.num_features + 1)
         idf[1:] = (torch.log((1.0 + n) / (1.0 + df[kept].to(torch.float64))) + 1.0).to(
@@ -500,8 +545,8 @@ class MatchNgram(NgramLR):
         batch = len(input_ids)
         if torch.onnx.is_in_onnx_export():
             return self._forward_padded_pair(input_ids, input_ids2)
-        text_u, rows_u, val_u = self.features(input_ids)
-        text_v, rows_v, val_v = self.features(input_ids2)
+        text_u, rows_u, val_u = self.train_features(input_ids)
+        text_v, rows_v, val_v = self.train_features(input_ids2)
         # align u and v on (pair, row): the union of both texts' features
         key = torch.cat([text_u, text_v]) * (self.num_features + 1) + torch.cat([rows_u, rows_v])
         key, inverse = torch.unique(key, sorted=True, return_inverse=True)
