@@ -76,6 +76,8 @@ class Corpus:
         text2: True for a sentence-pair task (columns ``text1``, ``text2``).
         fixed_split: True when the corpus's train/dev/test never change with the seed.
         write: ``write(out_dir, seed)`` materialises the three TSV files.
+        keep_every_label: a ``limit`` keeps at least one train row of every label (the
+            long tail's rarest topics would else vanish from a small subset).
     """
 
     name: str
@@ -85,6 +87,7 @@ class Corpus:
     text2: bool
     fixed_split: bool
     write: Callable[[str, int], dict[str, int]] = field(repr=False)
+    keep_every_label: bool = False
 
     @property
     def columns(self) -> dict[str, str | None]:
@@ -308,6 +311,7 @@ CORPORA: dict[str, Corpus] = {
             False,
             False,
             _write_20newsgroups_lt,
+            keep_every_label=True,
         ),
         Corpus(
             "stsb",
@@ -322,11 +326,23 @@ CORPORA: dict[str, Corpus] = {
 }
 
 
-def _subsample(path: str, limit: int, seed: int) -> int:
-    """Keep ``limit`` random data rows of a TSV file (drawn by ``seed``, file order kept)."""
+def _subsample(path: str, limit: int, seed: int, every_label: bool = False) -> int:
+    """Keep ``limit`` random data rows of a TSV file (drawn by ``seed``, file order kept);
+    with ``every_label``, one random row of each label (the ``label`` column) first, then
+    random rows up to ``limit``."""
     header, *rows = io.read_text(path).splitlines()
     if len(rows) > limit:
-        keep = sorted(random.Random(seed).sample(range(len(rows)), limit))
+        rng = random.Random(seed)
+        if every_label:
+            col = header.split("\t").index("label")
+            by_label: dict[str, list[int]] = {}
+            for i, row in enumerate(rows):
+                by_label.setdefault(row.split("\t")[col], []).append(i)
+            first = {rng.choice(by_label[y]) for y in sorted(by_label)}
+            rest = [i for i in range(len(rows)) if i not in first]
+            keep = sorted(first | set(rng.sample(rest, max(0, limit - len(first)))))
+        else:
+            keep = sorted(rng.sample(range(len(rows)), limit))
         rows = [rows[i] for i in keep]
         io.write_text(path, "\n".join([header, *rows]) + "\n")
     return len(rows)
@@ -340,7 +356,8 @@ def materialize(name: str, out_dir: str, seed: int = 1, limit: int | None = None
         out_dir: output directory (local path or fsspec URL).
         seed: the split's seed (ignored by corpora with a fixed split).
         limit: keep at most this many rows per split (a random subset drawn by ``seed``;
-            for smoke runs and tests); None = all.
+            for smoke runs and tests; train keeps every label where the corpus says
+            ``keep_every_label``); None = all.
 
     Returns:
         Rows written per split.
@@ -354,5 +371,9 @@ def materialize(name: str, out_dir: str, seed: int = 1, limit: int | None = None
     io.makedirs(out_dir)
     counts = CORPORA[name].write(out_dir, seed)
     if limit is not None:
-        counts = {s: _subsample(io.join(out_dir, f"{s}.tsv"), limit, seed) for s in counts}
+        every = CORPORA[name].keep_every_label
+        counts = {
+            s: _subsample(io.join(out_dir, f"{s}.tsv"), limit, seed, every and s == "train")
+            for s in counts
+        }
     return counts

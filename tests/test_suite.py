@@ -85,6 +85,10 @@ def test_20newsgroups_lt_follows_a_seeded_zipf_profile(tmp_path: Path) -> None:
     assert by_train2.most_common(1)[0][0] != by_train.most_common(1)[0][0]  # another ranking
     materialize("20newsgroups-lt", str(tmp_path / "again"), seed=1)
     assert _rows(tmp_path / "again" / "train.tsv") == train  # deterministic for a seed
+    small = materialize("20newsgroups-lt", str(tmp_path / "small"), seed=1, limit=60)
+    assert small == {"train": 60, "dev": 60, "test": 60}
+    small_train = Counter(r[1] for r in _rows(tmp_path / "small" / "train.tsv"))
+    assert len(small_train) == 20  # a limit keeps every topic in train, the rarest too
 
 
 @pytest.mark.unit
