@@ -142,3 +142,18 @@ def test_explicit_settings_are_kept() -> None:
     cfg = TrainConfig(loss="cross_entropy", optimizer="adamw", learning_rate=0.5)
     assert with_model_defaults(cfg) is cfg
     assert np.isclose(cfg.learning_rate, 0.5)
+
+
+def test_class_weight_auto_weighs_only_imbalanced_classes() -> None:
+    """auto: balanced at a 3:1 imbalance or more (20newsgroups-lt's 60:1), none below it
+    (STS-B's 1.8:1); classes without samples are ignored in the ratio."""
+    from xdpx.losses import balanced_class_weight, resolve_class_weight
+
+    skewed = np.array([600, 100, 10, 0])
+    torch.testing.assert_close(
+        resolve_class_weight("auto", skewed), balanced_class_weight(skewed), atol=0, rtol=0
+    )
+    assert resolve_class_weight("auto", np.array([3686, 2063])) is None
+    assert resolve_class_weight("auto", np.array([30, 10])) is not None
+    assert resolve_class_weight(None, skewed) is None
+    assert resolve_class_weight("balanced", np.array([5, 5])) is not None

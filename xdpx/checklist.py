@@ -39,6 +39,7 @@ from xdpx.data.vocab import PAD, UNK, read_tokens
 from xdpx.diagnosis import find_nonfinite
 from xdpx.errors import DivergenceError
 from xdpx.inference import Batch, call_model, pad_batch
+from xdpx.losses import training_loss
 from xdpx.models import build_for_training, model_config_from, with_model_defaults
 from xdpx.sampling import rank_share
 
@@ -655,8 +656,8 @@ def check_reduction(p: Probe) -> Check:
     g_acc = _grads(model)
     ref = p.model()
     x, y = p.batch(ids)
-    weight = trainer.class_weight
-    loss = F.cross_entropy(call_model(ref, x).float(), y, weight=weight, reduction="sum") / len(ids)
+    logits = call_model(ref, x)
+    loss = training_loss(logits, y, ids, trainer.class_weight, None, trainer.cfg) / len(ids)
     loss.backward()
     g_ref = _grads(ref)
     diff = float((g_acc - g_ref).norm() / g_ref.norm().clamp(min=1e-30))

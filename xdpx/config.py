@@ -365,10 +365,12 @@ class TrainConfig(_Section):
     distill_temperature: float = Field(
         2.0, gt=0, description="Distillation: softmax temperature T of teacher and student."
     )
-    class_weight: Literal["balanced"] | None = Field(
+    class_weight: Literal["balanced", "auto"] | None = Field(
         None,
-        description="balanced: weight each sample's cross-entropy by n / (num_labels x n_class) "
-        "of its class in train (scikit-learn's class_weight='balanced'); null = all 1.",
+        description="balanced: weight each sample's loss by n / (num_labels x n_class) "
+        "of its class in train (scikit-learn's class_weight='balanced'); auto: balanced when "
+        "the largest train class has at least 3x the samples of the smallest "
+        "(xdpx.losses.IMBALANCE_RATIO), else none (never with distill_from); null = all 1.",
     )
     clip_norm: float = Field(5.0, ge=0, description="Clip the global gradient norm; 0 = off.")
     precision: Literal["fp32", "fp16", "bf16"] = Field(
@@ -487,7 +489,7 @@ class TrainConfig(_Section):
 
     @model_validator(mode="after")
     def _loss_and_schedule_options_agree(self) -> TrainConfig:
-        if self.class_weight and self.distill_from:
+        if self.class_weight == "balanced" and self.distill_from:
             raise ValueError("class_weight applies to plain cross-entropy, not with distill_from")
         if self.loss == "squared_hinge" and self.distill_from:
             raise ValueError(
@@ -518,7 +520,8 @@ class TrainConfig(_Section):
             )
         if not mlm:
             return self
-        used = [k for k in ("class_weight", "distill_from", "adv") if getattr(self, k)]
+        used = [k for k in ("distill_from", "adv") if getattr(self, k)]
+        used += ["class_weight"] if self.class_weight == "balanced" else []
         if used:
             raise ValueError(f"{', '.join(used)} only apply to task=classification")
         if self.major_metric not in MLM_METRICS:

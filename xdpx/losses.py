@@ -11,6 +11,33 @@ import torch.nn.functional as F
 from xdpx import log as xlog
 from xdpx.distill import distill_loss
 
+#: ``class_weight: auto`` weights the classes when the largest train class has at least this
+#: many times the samples of the smallest (chosen on the suite's dev splits: README
+#: "Benchmark suite").
+IMBALANCE_RATIO = 3.0
+
+
+def resolve_class_weight(setting: str | None, counts: np.ndarray) -> torch.Tensor | None:
+    """The class weights of ``train.class_weight`` for train label ``counts``.
+
+    ``balanced``: :func:`balanced_class_weight`; ``auto``: the same when
+    ``max(counts) >= IMBALANCE_RATIO * min(counts)`` over the classes present, else None;
+    None: None.
+
+    Args:
+        setting: ``balanced``, ``auto`` or None.
+        counts: ``[num_labels]`` training samples per class.
+
+    Returns:
+        ``[num_labels]`` float32, or None (all samples weigh 1).
+    """
+    present = np.asarray(counts)[np.asarray(counts) > 0]
+    if setting == "balanced" or (
+        setting == "auto" and len(present) > 1 and present.max() >= IMBALANCE_RATIO * present.min()
+    ):
+        return balanced_class_weight(counts)
+    return None
+
 
 def balanced_class_weight(counts: np.ndarray) -> torch.Tensor:
     """``n / (num_labels * n_c)`` per class ``c`` with ``n_c`` training samples (0 for a class

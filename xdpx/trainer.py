@@ -53,7 +53,7 @@ from xdpx.inference import (
     predict_probs_sharded,
     to_device,
 )
-from xdpx.losses import balanced_class_weight, training_loss
+from xdpx.losses import resolve_class_weight, training_loss
 from xdpx.metrics import classification_metrics
 from xdpx.mlm import IGNORE_INDEX, MaskedLM, evaluate_mlm, mlm_loss, pad_masked
 from xdpx.models import with_model_defaults
@@ -171,9 +171,14 @@ class Trainer:
         self._adv_rng = torch.Generator(device=self.device)  # FreeLB's delta_0
         num_labels = self.model_config.get("num_labels") or len(self.data.label_counts(0))
         self.class_weight = self.teacher_logits = None
-        if cfg.class_weight == "balanced":
-            counts = self.data.label_counts(int(num_labels))
-            self.class_weight = balanced_class_weight(counts).to(self.device)
+        if cfg.class_weight and self.mlm is None and teacher_logits is None:
+            weight = resolve_class_weight(cfg.class_weight, self.data.label_counts(int(num_labels)))
+            self.class_weight = weight.to(self.device) if weight is not None else None
+            log.info(
+                "class_weight=%s: %s",
+                cfg.class_weight,
+                "balanced" if weight is not None else "none",
+            )
         if teacher_logits is not None:
             self.teacher_logits = torch.as_tensor(teacher_logits, dtype=torch.float32).to(
                 self.device
