@@ -99,7 +99,7 @@ def _peer_record(result: dict[str, Any]) -> dict[str, Any]:
         "seconds": result["seconds"],
         "params": result.get("params", {"C": result.get("C")}),
         "dev_grid": result["dev_accuracy"],
-        **({"failed": result["failed"]} if result.get("failed") else {}),
+        **{k: result[k] for k in ("failed", "retried") if result.get(k)},
     }
 
 

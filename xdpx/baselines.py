@@ -81,6 +81,8 @@ FASTTEXT_GRID: dict[str, tuple] = {
     "wordNgrams": (1, 2),
     "subwords": (True, False),
 }
+#: Tries of one fastText grid point before it counts as failed (see :func:`fasttext_peer`).
+FASTTEXT_TRIES = 5
 #: The single-text peers, in table order (``run_peers`` also runs ``baseline``).
 SINGLE_PEERS: tuple[str, ...] = ("svm", "lr", "fasttext")
 
@@ -449,8 +451,12 @@ def fasttext_peer(
     combination of ``grid`` (default :data:`FASTTEXT_GRID`) tried and picked on dev accuracy
     (ties: the first in grid order). One thread and ``seed``: deterministic.
 
-    A grid value that makes fastText fail (it raises on a diverging ``lr``) counts as dev
-    accuracy 0 and is logged in ``"failed"``.
+    fastText 0.9.2 sometimes raises "Encountered NaN" on the very input and arguments it
+    trains on fine the next time (seen without subwords and word n-grams, ``lr`` 0.1: one
+    call in six, in-process; the models it does train are the same each time), so a grid
+    point that fails is tried up to :data:`FASTTEXT_TRIES` times (``"retried"`` lists the
+    errors of the points that needed it); one that fails every time (a diverging ``lr``)
+    counts as dev accuracy 0 and is logged in ``"failed"``.
 
     Returns:
         As :func:`svm_peer`; ``dev_accuracy`` keyed by the grid point's
@@ -476,6 +482,7 @@ def fasttext_peer(
     index = {c: i for i, c in enumerate(classes)}
     inputs = {s: [_fasttext_text(t, language) for t in texts[s]] for s in ("dev", "test")}
     failed: dict[str, str] = {}
+    retried: dict[str, list[str]] = {}
     fd, path = tempfile.mkstemp(prefix="xdpx-fasttext-", suffix=".txt")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -488,19 +495,26 @@ def fasttext_peer(
         def fit(p: dict[str, Any]):
             subwords = p.get("subwords", True)
             args = {k: v for k, v in p.items() if k != "subwords"}
-            try:
-                return fasttext.train_supervised(
-                    input=path,
-                    minn=2 if subwords else 0,
-                    maxn=5 if subwords else 0,
-                    thread=1,
-                    seed=seed,
-                    verbose=0,
-                    **args,
-                )
-            except (RuntimeError, ValueError) as e:
-                failed[key(p)] = str(e)
-                return None
+            errors = []
+            for _ in range(FASTTEXT_TRIES):
+                try:
+                    model = fasttext.train_supervised(
+                        input=path,
+                        minn=2 if subwords else 0,
+                        maxn=5 if subwords else 0,
+                        thread=1,
+                        seed=seed,
+                        verbose=0,
+                        **args,
+                    )
+                except (RuntimeError, ValueError) as e:
+                    errors.append(str(e))
+                    continue
+                if errors:
+                    retried[key(p)] = errors
+                return model
+            failed[key(p)] = "; ".join(errors)
+            return None
 
         def predict(model, split: str) -> np.ndarray:
             if model is None:  # a failed grid point: no prediction is right
@@ -523,6 +537,7 @@ def fasttext_peer(
         "dev_accuracy_best": dev_acc[key(best)],
         **scores,
         "failed": failed,
+        "retried": retried,
         "n": {s: len(v) for s, v in y.items()},
         "seconds": round(time.perf_counter() - start, 2),
     }
@@ -590,8 +605,8 @@ def run_peers(
     set): ``baseline`` (:func:`pair_tfidf_lr`) and ``pair`` (:func:`pair_lr`).
 
     Returns:
-        peer name -> its result; a peer whose dependency is missing is
-        ``{"missing": message}`` instead.
+        peer name -> its result; a peer whose dependency is missing (or fastText when it
+        failed on every grid point) is ``{"missing": message}`` instead.
 
     Raises:
         KeyError: a column is missing from a file.
@@ -614,6 +629,6 @@ def run_peers(
     out["lr"] = lr_peer(texts, labels, language, features=feats)
     try:
         out["fasttext"] = fasttext_peer(texts, labels, language, fasttext_grid, seed)
-    except PeerUnavailable as e:
+    except (PeerUnavailable, RuntimeError) as e:  # not installed, or failed on every point
         out["fasttext"] = {"missing": str(e)}
     return out

@@ -478,6 +478,11 @@ def suite(
         x, peers = r["xdpx"], r["peers"]
         ran = " ".join(f"{name} {p['test']:.4f}" for name, p in peers.items() if "missing" not in p)
         missing = [name for name, p in peers.items() if "missing" in p]
+        missing += [
+            f"{len(p['failed'])} fastText grid points (NaN)"
+            for p in peers.values()
+            if p.get("failed")
+        ]
         best = peers[r["best_peer"]]
         typer.echo(
             f"{r['corpus']} seed {r['seed']}: xdpx ({x['model']}, {x['tokenizer']}) dev "
