@@ -478,17 +478,16 @@ def suite(
         x, peers = r["xdpx"], r["peers"]
         ran = " ".join(f"{name} {p['test']:.4f}" for name, p in peers.items() if "missing" not in p)
         missing = [name for name, p in peers.items() if "missing" in p]
-        missing += [
-            f"{len(p['failed'])} fastText grid points (NaN)"
-            for p in peers.values()
-            if p.get("failed")
-        ]
+        failed = sum(len(p.get("failed", {})) for p in peers.values())
+        notes = ([f"not run: {', '.join(missing)}"] if missing else []) + (
+            [f"{failed} fastText grid point(s) failed (NaN)"] if failed else []
+        )
         best = peers[r["best_peer"]]
         typer.echo(
             f"{r['corpus']} seed {r['seed']}: xdpx ({x['model']}, {x['tokenizer']}) dev "
             f"{x['dev']:.4f} test {x['test']:.4f} macro-F1 {x['macro_f1']:.4f} "
             f"({x['prepro_train_seconds']:.0f} s prepro+train) | peers test: {ran}"
-            + (f" (not run: {', '.join(missing)})" if missing else "")
+            + (f" ({'; '.join(notes)})" if notes else "")
             + f" | best peer {r['best_peer']} (dev {best['dev']:.4f}, {best['params']}) "
             f"test {best['test']:.4f} ({best['seconds']:.0f} s) | difference "
             f"{r['difference']:+.4f}"
