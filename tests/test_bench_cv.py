@@ -1,4 +1,4 @@
-"""bench/baseline_cv.py: xdpx vs the TF-IDF baseline over several random splits."""
+"""bench/baseline_cv.py: xdpx vs the best simple peer over several random splits."""
 
 from __future__ import annotations
 
@@ -58,7 +58,10 @@ def test_two_seeds_give_two_splits_scored_by_both_models_inside_the_work_dir(
         seed_dir = work / f"seed-{split['seed']}"
         metrics = json.loads((seed_dir / "metrics.json").read_text())
         assert split["xdpx"]["test"] == metrics["test"]["accuracy"]
-        assert split["difference"] == split["xdpx"]["test"] - split["baseline"]["test"]
+        assert split["difference"] == split["xdpx"]["test"] - split["best"]["test"]
+        peers = {k: v for k, v in split["peers"].items() if k != "baseline" and "dev" in v}
+        assert split["best"]["dev"] == max(p["dev"] for p in peers.values())
+        assert split["best"]["test"] == split["peers"][split["best"]["name"]]["test"]
         test = read_split(str(seed_dir / "raw" / "test.tsv"))
         assert split["n_test"] == len(test) == 60
         assert 0.5 < split["baseline"]["test"] <= 1.0 and 0.5 < split["xdpx"]["test"] <= 1.0
@@ -69,6 +72,7 @@ def test_two_seeds_give_two_splits_scored_by_both_models_inside_the_work_dir(
     assert summary["mean_difference"] == pytest.approx(sum(diffs) / 2)
     printed = capsys.readouterr().out
     assert "seed 3: xdpx dev" in printed and "2 splits: test accuracy xdpx" in printed
+    assert "best peer" in printed
 
 
 @pytest.mark.unit
