@@ -180,6 +180,33 @@ def tfidf_lr(
     }
 
 
+def pair_features(
+    vec: Any,
+    texts: dict[str, Sequence[str]],
+    texts2: dict[str, Sequence[str]],
+    cosine: bool,
+) -> dict[str, sp.csr_matrix]:
+    """The pair features of each split: ``[|u - v|, u * v]`` (with ``cosine``, a last
+    column ``cos(u, v)`` of the L2-normalised vectors) of the vectors ``u``, ``v`` of the
+    two texts, ``vec`` (a scikit-learn vectorizer) fit on both texts of the train pairs.
+
+    Returns:
+        ``train``/``dev``/``test`` -> ``[n, 2 * features (+ 1)]`` CSR matrices.
+    """
+    from sklearn.preprocessing import normalize
+
+    vec.fit(list(texts["train"]) + list(texts2["train"]))
+
+    def features(split: str) -> sp.csr_matrix:
+        u, v = vec.transform(texts[split]).tocsr(), vec.transform(texts2[split]).tocsr()
+        parts = [abs(u - v), u.multiply(v)]
+        if cosine:
+            parts.append(sp.csr_matrix(np.asarray(normalize(u).multiply(normalize(v)).sum(axis=1))))
+        return sp.hstack(parts).tocsr()
+
+    return {s: features(s) for s in ("train", "dev", "test")}
+
+
 def pair_tfidf_lr(
     texts: dict[str, Sequence[str]],
     texts2: dict[str, Sequence[str]],
@@ -193,20 +220,13 @@ def pair_tfidf_lr(
         As :func:`tfidf_lr`.
     """
     start = time.perf_counter()
-    vec = _vectorizer("word")
-    vec.fit(list(texts["train"]) + list(texts2["train"]))
-
-    def features(split: str) -> sp.csr_matrix:
-        u, v = vec.transform(texts[split]), vec.transform(texts2[split])
-        return sp.hstack([abs(u - v), u.multiply(v)]).tocsr()
-
-    x = {s: features(s) for s in ("train", "dev", "test")}
+    x = pair_features(_vectorizer("word"), texts, texts2, cosine=False)
     y = {s: np.asarray(labels[s]) for s in ("train", "dev", "test")}
     out = _pick_c(x, y, c_grid)
     return {
         "model": "LR over [|u-v|, u*v] of tfidf word 1-2",
         **out,
-        "features": 2 * len(vec.vocabulary_),
+        "features": int(x["train"].shape[1]),
         "n": {s: len(v) for s, v in y.items()},
         "seconds": round(time.perf_counter() - start, 2),
     }
@@ -557,18 +577,9 @@ def pair_lr(
         As :func:`svm_peer`.
     """
     from sklearn.linear_model import LogisticRegression
-    from sklearn.preprocessing import normalize
 
     start = time.perf_counter()
-    vec = peer_vectorizer("en")
-    vec.fit(list(texts["train"]) + list(texts2["train"]))
-
-    def features(split: str) -> sp.csr_matrix:
-        u, v = vec.transform(texts[split]).tocsr(), vec.transform(texts2[split]).tocsr()
-        cos = np.asarray(normalize(u).multiply(normalize(v)).sum(axis=1))
-        return sp.hstack([abs(u - v), u.multiply(v), sp.csr_matrix(cos)]).tocsr()
-
-    x = {s: features(s) for s in ("train", "dev", "test")}
+    x = pair_features(peer_vectorizer("en"), texts, texts2, cosine=True)
     y = {s: np.asarray(labels[s]) for s in ("train", "dev", "test")}
 
     def fit(c: float):
