@@ -70,6 +70,68 @@ def test_tfidf_rows_equal_sklearn(tmp_path, orders: list[int], min_df: int) -> N
 
 
 @pytest.mark.integration
+def test_union_rows_equal_sklearn_feature_union(tmp_path) -> None:
+    """``ngram_norm: union`` on real English texts (word tokens): every text's values are the
+    row of scikit-learn's ``FeatureUnion`` of a word 1-2-gram and a character 2-5-gram (inside
+    ``<word>``) ``TfidfVectorizer(sublinear_tf=True)``: each kind of unit norm, the row of
+    norm sqrt(2); ``joint`` gives the same features under one norm."""
+    from sklearn.pipeline import FeatureUnion
+
+    texts = _corpus(tmp_path, "stsb", 40)
+    tokenized = [WordTokenizer().tokenize(t) for t in texts]
+    vocab, ids = _encode(tokenized)
+    words = lambda toks: _ngrams(toks, [1, 2])  # noqa: E731
+    chars = lambda toks: [g for t in toks for g in char_ngrams(t, [2, 3, 4, 5])[:SUBWORD_WIDTH]]  # noqa: E731
+    for norm in ("union", "joint"):  # joint: the raw union, then one norm
+        union = FeatureUnion(
+            [(k, TfidfVectorizer(analyzer=f, sublinear_tf=True, norm="l2" if norm == "union" else None)) for k, f in (("w", words), ("c", chars))]
+        )  # fmt: skip
+        expected = union.fit_transform(tokenized).tocsr()
+        model = NgramLR(
+            len(vocab), 2, [1, 2], 1 << 24, char_ngram_orders=[2, 3, 4, 5],
+            ngram_weighting="tfidf", ngram_norm=norm,
+        )  # fmt: skip
+        facts = model.prepare(vocab.tokens, ids)
+        assert facts["num_features"] == expected.shape[1]  # no bucket collision
+        text, slots, values = model.features(_pad(ids))
+        for i in range(len(ids)):
+            row = expected[i].data
+            want = row if norm == "union" else row / np.linalg.norm(row)
+            np.testing.assert_allclose(
+                np.sort(values[text == i].numpy()), np.sort(want), rtol=1e-5, atol=1e-7
+            )
+            assert len(set(slots[text == i].tolist())) == expected[i].nnz
+        assert float(values.square().sum()) == pytest.approx(len(ids) * (2 if norm == "union" else 1), rel=1e-5)  # fmt: skip
+
+
+@pytest.mark.unit
+def test_match_ngram_union_paths_agree(tmp_path) -> None:
+    """match_ngram with ``ngram_norm: union`` on real STS-B pairs: the training path and the
+    ONNX export's padded path give the same logits; the pair stays symmetric."""
+    from xdpx.models.ngram import MatchNgram
+
+    raw = tmp_path / "stsb"
+    materialize("stsb", str(raw), seed=1, limit=200)
+    lines = (raw / "train.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    pairs = [[WordTokenizer().tokenize(t) for t in line.split("\t")[:2]] for line in lines]
+    vocab, ids = _encode([toks for pair in pairs for toks in pair])
+    model = MatchNgram(
+        len(vocab), 2, [1, 2], 1 << 18, char_ngram_orders=[2, 3, 4, 5],
+        ngram_weighting="tfidf", ngram_norm="union",
+    )  # fmt: skip
+    model.prepare(vocab.tokens, ids)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_()
+        a, b = _pad(ids[0:32:2]), _pad(ids[1:32:2])
+        logits = model(a, b)
+        torch.testing.assert_close(model._forward_padded_pair(a, b), logits, atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(model(b, a), logits, atol=1e-5, rtol=1e-5)
+    assert logits.std() > 0.1
+
+
+@pytest.mark.integration
 def test_hash_collisions_are_as_rare_as_random(tmp_path) -> None:
     """Real 3- and 4-grams of reviews collide about as often as uniform random buckets
     would (n^2 / 2B expected pairs); the hash of the first version, a linear form reduced
@@ -105,7 +167,8 @@ def test_char_ngrams_and_subword_table(tmp_path) -> None:
 
 
 @pytest.mark.unit
-def test_paths_agree_padding_invariant_and_single_text(tmp_path) -> None:
+@pytest.mark.parametrize("norm", ["joint", "union"])
+def test_paths_agree_padding_invariant_and_single_text(tmp_path, norm) -> None:
     """With trained-looking weights, on real English pairs' first texts (word tokens, word
     1-2-grams and char 2-5-grams in words): the flat path (training) and the padded path
     (ONNX) give the same logits, extra padding changes nothing, a text alone = in a batch."""
@@ -115,7 +178,7 @@ def test_paths_agree_padding_invariant_and_single_text(tmp_path) -> None:
     for weighting in ("tfidf", "binary"):
         model = NgramLR(
             len(vocab), 3, [1, 2], 1 << 18, char_ngram_orders=[2, 3, 4, 5],
-            ngram_weighting=weighting, ngram_min_df=2,
+            ngram_weighting=weighting, ngram_min_df=2, ngram_norm=norm,
         )  # fmt: skip
         model.prepare(vocab.tokens, ids)
         torch.manual_seed(0)

@@ -266,6 +266,13 @@ class TrainConfig(_Section):
     ngram_min_df: int = Field(
         1, ge=1, description="ngram_lr/match_ngram: drop n-grams seen in fewer training texts."
     )
+    ngram_norm: Literal["joint", "union"] = Field(
+        "union",
+        description="ngram_lr/match_ngram with word tokens: joint = one L2 norm over a text's "
+        "word and character n-grams; union = each kind of unit norm, as sklearn's FeatureUnion "
+        "of a word and a char_wb TfidfVectorizer (the few word n-grams weigh as much as the many "
+        "character n-grams).",
+    )
     ngram_buckets: int = Field(
         4_194_304,
         ge=1,

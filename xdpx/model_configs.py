@@ -33,6 +33,7 @@ class NgramArgs(_Family):
     char_ngram_orders: list[int] | None
     ngram_weighting: Literal["binary", "tfidf"]
     ngram_min_df: int
+    ngram_norm: Literal["joint", "union"]
     ngram_buckets: int
 
     @field_validator("ngram_orders")

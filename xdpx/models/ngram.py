@@ -50,6 +50,7 @@ _ORDER_SALT = 7_919
 SUBWORD_WIDTH = 48
 
 Weighting = Literal["binary", "tfidf"]
+Norm = Literal["joint", "union"]
 
 
 def char_ngrams(word: str, orders: Sequence[int]) -> list[str]:
@@ -121,6 +122,11 @@ class NgramLR(nn.Module):
             empty = none), each in 1..8.
         ngram_weighting: ``"binary"`` or ``"tfidf"``.
         ngram_min_df: features seen in fewer training texts are dropped.
+        ngram_norm: ``"joint"``: one L2 norm over all features of a text; ``"union"``: the
+            token n-grams and the sub-words (two kinds, with word tokens) each of unit norm
+            (a text's row has norm sqrt(2)), as scikit-learn's ``FeatureUnion`` of a word and
+            a ``char_wb`` ``TfidfVectorizer`` gives them: the few word n-grams of a text
+            weigh as much as its many character n-grams. Without sub-words both are one.
         num_features: rows of the weight table but row 0 (set by :meth:`prepare` and saved
             in config.json); None = every bucket its own row (before ``prepare``).
 
@@ -149,6 +155,7 @@ class NgramLR(nn.Module):
         ngram_weighting: Weighting = "binary",
         ngram_min_df: int = 1,
         num_features: int | None = None,
+        ngram_norm: Norm = "joint",
     ) -> None:
         super().__init__()
         if not ngram_orders or min(ngram_orders) < 1 or max(ngram_orders) > len(_PRIMES):
@@ -161,6 +168,8 @@ class NgramLR(nn.Module):
             raise ValueError(
                 f"ngram_weighting must be 'binary' or 'tfidf', got {ngram_weighting!r}"
             )
+        if ngram_norm not in ("joint", "union"):
+            raise ValueError(f"ngram_norm must be 'joint' or 'union', got {ngram_norm!r}")
         self.vocab_size = vocab_size
         self.num_labels = num_labels
         self.orders = sorted(set(ngram_orders))
@@ -169,6 +178,10 @@ class NgramLR(nn.Module):
         self.pad_id = pad_id
         self.weighting = ngram_weighting
         self.min_df = ngram_min_df
+        self.norm = ngram_norm
+        #: normalised groups per text: 2 (token n-grams, sub-words) with ngram_norm union
+        #: and sub-words, else 1
+        self.kinds = 2 if ngram_norm == "union" and self.char_orders else 1
         self.min_len = 1
         # training with sparse_grad: text (token bytes) -> (rows, values), see train_features
         self._memo: dict[bytes, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -258,13 +271,21 @@ class NgramLR(nn.Module):
         Returns:
             ``[batch, num_slots]`` int64 in ``0..ngram_buckets``.
         """
+        return self._padded_feature_ids(input_ids)[0]
+
+    def _padded_feature_ids(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`feature_ids` and the kind of each slot (``[batch, num_slots]`` int64: 0 =
+        token n-gram, 1 = sub-word)."""
         ids = self.ngram_ids(input_ids)
         if self.subwords is None:
-            return ids
-        sub = self.subwords[input_ids].to(torch.int64)  # [batch, seq_len, SUBWORD_WIDTH]
-        return torch.cat([ids, sub.flatten(1)], dim=1)
+            return ids, torch.zeros_like(ids)
+        sub = self.subwords[input_ids].to(torch.int64).flatten(1)  # [batch, seq_len * WIDTH]
+        kind = torch.cat([torch.zeros_like(ids), torch.ones_like(sub)], dim=1)
+        return torch.cat([ids, sub], dim=1), kind
 
-    def _flat_feature_ids(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _flat_feature_ids(
+        self, input_ids: torch.Tensor, groups: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`feature_ids` without the padding: ``(text_index, bucket)``, both 1-D int64,
         grouped by kind (each token order, then the sub-words), each kind in token order;
         bucket 0 (none) marks an n-gram window that spans two texts.
@@ -273,7 +294,8 @@ class NgramLR(nn.Module):
         third of ``[batch, seq_len]`` on the demo's test texts), a window counted when its
         first and last tokens belong to the same text: the same buckets as
         :meth:`ngram_ids` (rows are right-padded), for less work. Traces for ONNX
-        (``seq_len`` and the token count stay symbolic).
+        (``seq_len`` and the token count stay symbolic). With ``groups``, the first tensor is
+        the normalisation group ``text_index * kinds + kind`` instead (see ``ngram_norm``).
         """
         flat = input_ids.reshape(-1)
         where = torch.nonzero(flat != self.pad_id).squeeze(1)  # [tokens]
@@ -287,8 +309,12 @@ class NgramLR(nn.Module):
         if self.subwords is not None:
             sub = self.subwords[tokens].to(torch.int64)  # [tokens, SUBWORD_WIDTH]
             keep = torch.nonzero(sub.reshape(-1)).squeeze(1)
-            texts.append(text[torch.div(keep, SUBWORD_WIDTH, rounding_mode="floor")])
+            sub_text = text[torch.div(keep, SUBWORD_WIDTH, rounding_mode="floor")]
+            # sub-words are the second group of their text under ngram_norm union
+            texts.append(sub_text * self.kinds + (self.kinds - 1) if groups else sub_text)
             ids.append(sub.reshape(-1)[keep])
+            if groups and self.kinds > 1:
+                texts[:-1] = [t * self.kinds for t in texts[:-1]]
         return torch.cat(texts), torch.cat(ids)
 
     def _values(self, rows: torch.Tensor, tf: torch.Tensor) -> torch.Tensor:
@@ -304,20 +330,31 @@ class NgramLR(nn.Module):
             input_ids: ``[batch, seq_len]`` int64.
 
         Returns:
-            ``(text, rows, values)``, each ``[nnz]``, sorted by text then row: the text
-            index, the weight-table row (1..num_features) and the value, each text's values
-            of unit L2 norm (the row of a TF-IDF matrix).
+            ``(text, slots, values)``, each ``[nnz]``, sorted by text then slot: the text
+            index, the feature's slot and its value, each text's values of unit L2 norm (the
+            row of a TF-IDF matrix; with ``ngram_norm`` union, of each kind). The slot is the
+            weight-table row (1..num_features) plus ``kind * (num_features + 1)`` (kind 1 =
+            sub-words, only with ``ngram_norm`` union), so that a row that both kinds hit
+            stays two features; :meth:`table_rows` maps slots to rows.
         """
-        text, buckets = self._flat_feature_ids(input_ids)
+        group, buckets = self._flat_feature_ids(input_ids, groups=True)
         rows = self.feature_rows[buckets].to(torch.int64)
         kept = rows != 0
-        # one key per (text, row): sorted, the repeats of a feature in a text are adjacent
-        key, _ = torch.sort(text[kept] * (self.num_features + 1) + rows[kept])
+        width = self.num_features + 1
+        # one key per (group, row): sorted, the repeats of a feature in a group are adjacent
+        key, _ = torch.sort(group[kept] * width + rows[kept])
         key, tf = torch.unique_consecutive(key, return_counts=True)
-        text, rows = key // (self.num_features + 1), key % (self.num_features + 1)
+        group, rows = key // width, key % width
         values = self._values(rows, tf.to(torch.float32))
-        norm = torch.zeros(len(input_ids)).index_add_(0, text, values.square()).sqrt()
-        return text, rows, values / norm.clamp(min=1e-12)[text]
+        norm = torch.zeros(len(input_ids) * self.kinds).index_add_(0, group, values.square())
+        values = values / norm.sqrt().clamp(min=1e-12)[group]
+        if self.kinds == 1:
+            return group, rows, values
+        return group // self.kinds, rows + (group % self.kinds) * width, values
+
+    def table_rows(self, slots: torch.Tensor) -> torch.Tensor:
+        """Weight-table rows (``0..num_features``) of the feature slots of :meth:`features`."""
+        return slots if self.kinds == 1 else torch.remainder(slots, self.num_features + 1)
 
     #: :meth:`train_features` keeps at most this many bytes of feature rows.
     memo_max_bytes = 1 << 30
@@ -368,21 +405,33 @@ class NgramLR(nn.Module):
         per_text = torch.bincount(text, minlength=len(input_ids))
         offsets = torch.cumsum(per_text, 0) - per_text
         out = F.embedding_bag(
-            rows, self.weight.weight, offsets, mode="sum", per_sample_weights=values,
-            sparse=self.sparse_grad,
+            self.table_rows(rows), self.weight.weight, offsets, mode="sum",
+            per_sample_weights=values, sparse=self.sparse_grad,
         )  # fmt: skip
         return out + self.bias
 
     def padded_features(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`features` with static shapes (for the ONNX export): ``(rows, values)``,
-        both ``[batch, num_slots]``, rows sorted per text, each kept feature's value at its
-        first slot and 0 elsewhere (padding, repeats, dropped features)."""
-        rows = self.feature_rows[self.feature_ids(input_ids)].to(torch.int64)
+        """:meth:`features` with static shapes (for the ONNX export): ``(slots, values)``,
+        both ``[batch, num_slots]``, slots (as :meth:`features`'s) sorted per text, each kept
+        feature's value at its first position and 0 elsewhere (padding, repeats, dropped)."""
+        ids, kind = self._padded_feature_ids(input_ids)
+        rows = self.feature_rows[ids].to(torch.int64)
+        width = self.num_features + 1
+        if self.kinds > 1:
+            rows = torch.where(rows != 0, rows + kind * width, rows)
         rows, _ = torch.sort(rows, dim=1)
         first, tf = _run_totals(rows, torch.ones_like(rows, dtype=torch.float32))
-        values = torch.where(first & (rows != 0), self._values(rows, tf), torch.zeros_like(tf))
-        norm = values.square().sum(dim=1, keepdim=True).sqrt().clamp(min=1e-12)
-        return rows, values / norm
+        real = self.table_rows(rows)
+        values = torch.where(first & (rows != 0), self._values(real, tf), torch.zeros_like(tf))
+        if self.kinds == 1:
+            norm = values.square().sum(dim=1, keepdim=True).sqrt()
+        else:
+            sub = rows >= width
+            square = values.square()
+            norm_tok = torch.where(sub, torch.zeros_like(square), square).sum(dim=1, keepdim=True)
+            norm_sub = torch.where(sub, square, torch.zeros_like(square)).sum(dim=1, keepdim=True)
+            norm = torch.where(sub, norm_sub, norm_tok).sqrt()
+        return rows, values / norm.clamp(min=1e-12)
 
     def _forward_padded(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The same logits, for the ONNX export: :meth:`features` in ops that trace.
@@ -395,18 +444,20 @@ class NgramLR(nn.Module):
         broadcast ``[n, C]`` scatter, which onnxruntime runs slowly (README "Serving over
         HTTP").
         """
-        text, buckets = self._flat_feature_ids(input_ids)
+        group, buckets = self._flat_feature_ids(input_ids, groups=True)
         rows = self.feature_rows[buckets]  # int32, 0 = dropped
         kept = torch.nonzero(rows).squeeze(1)
         width = self.num_features + 1
-        key, _ = torch.sort(text[kept] * width + rows[kept].to(torch.int64))
+        key, _ = torch.sort(group[kept] * width + rows[kept].to(torch.int64))
         first, tf = _run_totals(key.unsqueeze(0), torch.ones_like(key, dtype=torch.float32)[None])
-        text = torch.div(key, width, rounding_mode="floor")
-        rows = key - text * width
+        group = torch.div(key, width, rounding_mode="floor")
+        rows = key - group * width
         values = torch.where(first[0], self._values(rows, tf[0]), torch.zeros_like(tf[0]))
+        groups = torch.zeros(input_ids.shape[0] * self.kinds, dtype=torch.float32)
+        norm = groups.scatter_add(0, group, values.square()).sqrt().clamp(min=1e-12)
+        values = values / norm[group]
+        text = group if self.kinds == 1 else torch.div(group, self.kinds, rounding_mode="floor")
         zeros = torch.zeros(input_ids.shape[0], dtype=torch.float32)
-        norm = zeros.scatter_add(0, text, values.square()).sqrt().clamp(min=1e-12)
-        values = values / norm[text]
         weight = self.weight(rows)  # [n, num_labels]
         per_class = [zeros.scatter_add(0, text, weight[:, c] * values) for c in range(self.num_labels)]  # fmt: skip
         return torch.stack(per_class, dim=1) + self.bias
@@ -509,7 +560,7 @@ class NgramLR(nn.Module):
         return (
             f"orders={self.orders}, char_orders={self.char_orders}, buckets={self.buckets}, "
             f"num_features={self.num_features}, weighting={self.weighting!r}, "
-            f"min_df={self.min_df}"
+            f"min_df={self.min_df}, norm={self.norm!r}"
         )
 
 
@@ -547,12 +598,13 @@ class MatchNgram(NgramLR):
             return self._forward_padded_pair(input_ids, input_ids2)
         text_u, rows_u, val_u = self.train_features(input_ids)
         text_v, rows_v, val_v = self.train_features(input_ids2)
-        # align u and v on (pair, row): the union of both texts' features
-        key = torch.cat([text_u, text_v]) * (self.num_features + 1) + torch.cat([rows_u, rows_v])
+        # align u and v on (pair, slot): the union of both texts' features
+        width = self.kinds * (self.num_features + 1)
+        key = torch.cat([text_u, text_v]) * width + torch.cat([rows_u, rows_v])
         key, inverse = torch.unique(key, sorted=True, return_inverse=True)
         u = torch.zeros(len(key)).index_add_(0, inverse[: len(text_u)], val_u)
         v = torch.zeros(len(key)).index_add_(0, inverse[len(text_u) :], val_v)
-        pair, rows = key // (self.num_features + 1), key % (self.num_features + 1)
+        pair, rows = key // width, self.table_rows(key % width)
         per_pair = torch.bincount(pair, minlength=batch)
         offsets = torch.cumsum(per_pair, 0) - per_pair
         diff = F.embedding_bag(
@@ -579,6 +631,7 @@ class MatchNgram(NgramLR):
         first, u, v = _run_totals(rows, side_u, side_v)
         keep = (first & (rows != 0)).to(torch.float32)
         diff, prod = (u - v).abs() * keep, u * v * keep
+        rows = self.table_rows(rows)
         logits = (self.weight(rows) * diff.unsqueeze(-1)).sum(dim=1)
         logits = logits + (self.weight_prod(rows) * prod.unsqueeze(-1)).sum(dim=1)
         return logits + self.cosine(prod.sum(dim=1, keepdim=True)) + self.bias
