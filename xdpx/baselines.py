@@ -36,6 +36,7 @@ for each peer that uses it.
 from __future__ import annotations
 
 import csv
+import json
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -82,7 +83,7 @@ FASTTEXT_GRID: dict[str, tuple] = {
     "subwords": (True, False),
 }
 #: Tries of one fastText grid point before it counts as failed (see :func:`fasttext_peer`).
-FASTTEXT_TRIES = 5
+FASTTEXT_TRIES = 3
 #: The single-text peers, in table order (``run_peers`` also runs ``baseline``).
 SINGLE_PEERS: tuple[str, ...] = ("svm", "lr", "fasttext")
 
@@ -460,6 +461,40 @@ def _grid_points(grid: dict[str, Sequence[Any]]) -> list[dict[str, Any]]:
     return [dict(zip(keys, values, strict=True)) for values in itertools.product(*grid.values())]
 
 
+_FASTTEXT_WORKER = (
+    "import json, sys, fasttext; "
+    "fasttext.train_supervised(input=sys.argv[1], verbose=0, **json.loads(sys.argv[2]))"
+    ".save_model(sys.argv[3])"
+)
+
+
+def _fasttext_isolated(path: str, args: dict[str, Any]) -> Any:
+    """``fasttext.train_supervised(input=path, **args)`` in a fresh interpreter (whose heap
+    holds nothing else), the model loaded back from a temporary file.
+
+    Raises:
+        RuntimeError: the training failed there (its last stderr line, e.g. "Encountered
+            NaN.").
+    """
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    import fasttext
+
+    with tempfile.TemporaryDirectory(prefix="xdpx-fasttext-") as tmp:
+        out = os.path.join(tmp, "model.bin")
+        done = subprocess.run(
+            [sys.executable, "-c", _FASTTEXT_WORKER, path, json.dumps(args), out],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            lines = done.stderr.strip().splitlines() or [f"exit status {done.returncode}"]
+            raise RuntimeError(lines[-1].removeprefix("RuntimeError: "))
+        return fasttext.load_model(out)
+
+
 def fasttext_peer(
     texts: dict[str, Sequence[str]],
     labels: dict[str, Sequence[str]],
@@ -467,16 +502,19 @@ def fasttext_peer(
     grid: dict[str, Sequence[Any]] | None = None,
     seed: int = 1,
 ) -> dict[str, Any]:
-    """fastText supervised (``fasttext.train_supervised`` on a temporary train file), every
-    combination of ``grid`` (default :data:`FASTTEXT_GRID`) tried and picked on dev accuracy
-    (ties: the first in grid order). One thread and ``seed``: deterministic.
+    """fastText supervised (``fasttext.train_supervised`` on a temporary train file, its rows
+    shuffled by ``seed``: fastText does not shuffle, and on a file sorted by label it learns
+    only the last labels), every combination of ``grid`` (default :data:`FASTTEXT_GRID`)
+    tried and picked on dev accuracy (ties: the first in grid order). One thread and
+    ``seed``: deterministic.
 
-    fastText 0.9.2 sometimes raises "Encountered NaN" on the very input and arguments it
-    trains on fine the next time (seen without subwords and word n-grams, ``lr`` 0.1: one
-    call in six, in-process; the models it does train are the same each time), so a grid
-    point that fails is tried up to :data:`FASTTEXT_TRIES` times (``"retried"`` lists the
-    errors of the points that needed it); one that fails every time (a diverging ``lr``)
-    counts as dev accuracy 0 and is logged in ``"failed"``.
+    fastText 0.9.2 (``fasttext-numpy2-wheel``) raises "Encountered NaN" on some inputs and
+    arguments in a process that has done other work first (e.g. read the 20 Newsgroups
+    files) and trains on the very same ones fine in a fresh interpreter (the result then
+    depends on the process's heap, not on the data), so a grid point that fails in-process
+    is tried again in a fresh interpreter, up to :data:`FASTTEXT_TRIES` tries in all
+    (``"retried"`` lists the errors of the points that needed it); one that fails every
+    time (a diverging ``lr``) counts as dev accuracy 0 and is logged in ``"failed"``.
 
     Returns:
         As :func:`svm_peer`; ``dev_accuracy`` keyed by the grid point's
@@ -505,9 +543,12 @@ def fasttext_peer(
     retried: dict[str, list[str]] = {}
     fd, path = tempfile.mkstemp(prefix="xdpx-fasttext-", suffix=".txt")
     try:
+        # fastText reads its file in order (no shuffling) with a decaying lr: a file sorted
+        # by label, as corpora often are, trains it to predict the last labels only
+        order = np.random.default_rng(seed).permutation(len(y["train"]))
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for text, label in zip(texts["train"], y["train"], strict=True):
-                f.write(f"__label__{index[label]} {_fasttext_text(text, language)}\n")
+            for i in order:
+                f.write(f"__label__{index[y['train'][i]]} {_fasttext_text(texts['train'][i], language)}\n")
 
         def key(p: dict[str, Any]) -> str:
             return " ".join(f"{k}={v}" for k, v in p.items())
@@ -515,18 +556,14 @@ def fasttext_peer(
         def fit(p: dict[str, Any]):
             subwords = p.get("subwords", True)
             args = {k: v for k, v in p.items() if k != "subwords"}
+            args.update(minn=2 if subwords else 0, maxn=5 if subwords else 0, thread=1, seed=seed)
             errors = []
-            for _ in range(FASTTEXT_TRIES):
+            for attempt in range(FASTTEXT_TRIES):
                 try:
-                    model = fasttext.train_supervised(
-                        input=path,
-                        minn=2 if subwords else 0,
-                        maxn=5 if subwords else 0,
-                        thread=1,
-                        seed=seed,
-                        verbose=0,
-                        **args,
-                    )
+                    if attempt == 0:
+                        model = fasttext.train_supervised(input=path, verbose=0, **args)
+                    else:  # in a fresh interpreter (see the docstring)
+                        model = _fasttext_isolated(path, args)
                 except (RuntimeError, ValueError) as e:
                     errors.append(str(e))
                     continue
