@@ -273,6 +273,14 @@ class TrainConfig(_Section):
         "of a word and a char_wb TfidfVectorizer (the few word n-grams weigh as much as the many "
         "character n-grams).",
     )
+    ngram_dropout: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="ngram_lr/match_ngram: while training, drop each n-gram of a text with this "
+        "probability (dropout on a linear model's inputs: an L2 penalty strongest on rare "
+        "n-grams, Wager et al. 2013).",
+    )
     ngram_buckets: int = Field(
         4_194_304,
         ge=1,

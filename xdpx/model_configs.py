@@ -34,6 +34,7 @@ class NgramArgs(_Family):
     ngram_weighting: Literal["binary", "tfidf"]
     ngram_min_df: int
     ngram_norm: Literal["joint", "union"]
+    ngram_dropout: float
     ngram_buckets: int
 
     @field_validator("ngram_orders")

@@ -127,6 +127,10 @@ class NgramLR(nn.Module):
             (a text's row has norm sqrt(2)), as scikit-learn's ``FeatureUnion`` of a word and
             a ``char_wb`` ``TfidfVectorizer`` gives them: the few word n-grams of a text
             weigh as much as its many character n-grams. Without sub-words both are one.
+        ngram_dropout: while training, each feature of a text is dropped with this
+            probability (the others scaled by ``1 / (1 - p)``): dropout on the inputs of a
+            linear model, an adaptive L2 penalty that is strongest on rare features (Wager,
+            Wang & Liang 2013, "Dropout Training as Adaptive Regularization").
         num_features: rows of the weight table but row 0 (set by :meth:`prepare` and saved
             in config.json); None = every bucket its own row (before ``prepare``).
 
@@ -156,6 +160,7 @@ class NgramLR(nn.Module):
         ngram_min_df: int = 1,
         num_features: int | None = None,
         ngram_norm: Norm = "joint",
+        ngram_dropout: float = 0.0,
     ) -> None:
         super().__init__()
         if not ngram_orders or min(ngram_orders) < 1 or max(ngram_orders) > len(_PRIMES):
@@ -168,6 +173,8 @@ class NgramLR(nn.Module):
             raise ValueError(
                 f"ngram_weighting must be 'binary' or 'tfidf', got {ngram_weighting!r}"
             )
+        if not 0.0 <= ngram_dropout < 1.0:
+            raise ValueError(f"ngram_dropout must lie in [0, 1), got {ngram_dropout}")
         if ngram_norm not in ("joint", "union"):
             raise ValueError(f"ngram_norm must be 'joint' or 'union', got {ngram_norm!r}")
         self.vocab_size = vocab_size
@@ -179,6 +186,7 @@ class NgramLR(nn.Module):
         self.weighting = ngram_weighting
         self.min_df = ngram_min_df
         self.norm = ngram_norm
+        self.feature_dropout = ngram_dropout
         #: normalised groups per text: 2 (token n-grams, sub-words) with ngram_norm union
         #: and sub-words, else 1
         self.kinds = 2 if ngram_norm == "union" and self.char_orders else 1
@@ -402,6 +410,7 @@ class NgramLR(nn.Module):
         if torch.onnx.is_in_onnx_export():
             return self._forward_padded(input_ids)
         text, rows, values = self.train_features(input_ids)
+        values = self._drop(values)
         per_text = torch.bincount(text, minlength=len(input_ids))
         offsets = torch.cumsum(per_text, 0) - per_text
         out = F.embedding_bag(
@@ -409,6 +418,12 @@ class NgramLR(nn.Module):
             per_sample_weights=values, sparse=self.sparse_grad,
         )  # fmt: skip
         return out + self.bias
+
+    def _drop(self, values: torch.Tensor) -> torch.Tensor:
+        """``ngram_dropout`` of feature values ``[nnz]`` while training; else ``values``."""
+        if not (self.training and self.feature_dropout > 0):
+            return values
+        return F.dropout(values, self.feature_dropout, training=True)
 
     def padded_features(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`features` with static shapes (for the ONNX export): ``(slots, values)``,
@@ -560,7 +575,7 @@ class NgramLR(nn.Module):
         return (
             f"orders={self.orders}, char_orders={self.char_orders}, buckets={self.buckets}, "
             f"num_features={self.num_features}, weighting={self.weighting!r}, "
-            f"min_df={self.min_df}, norm={self.norm!r}"
+            f"min_df={self.min_df}, norm={self.norm!r}, dropout={self.feature_dropout}"
         )
 
 
@@ -607,12 +622,13 @@ class MatchNgram(NgramLR):
         pair, rows = key // width, self.table_rows(key % width)
         per_pair = torch.bincount(pair, minlength=batch)
         offsets = torch.cumsum(per_pair, 0) - per_pair
+        keep = self._drop(torch.ones_like(u))  # one draw per feature of the pair
         diff = F.embedding_bag(
-            rows, self.weight.weight, offsets, mode="sum", per_sample_weights=(u - v).abs(),
-            sparse=self.sparse_grad,
+            rows, self.weight.weight, offsets, mode="sum",
+            per_sample_weights=(u - v).abs() * keep, sparse=self.sparse_grad,
         )  # fmt: skip
         prod = F.embedding_bag(
-            rows, self.weight_prod.weight, offsets, mode="sum", per_sample_weights=u * v,
+            rows, self.weight_prod.weight, offsets, mode="sum", per_sample_weights=u * v * keep,
             sparse=self.sparse_grad,
         )  # fmt: skip
         cos = torch.zeros(batch).index_add_(0, pair, u * v).unsqueeze(1)
