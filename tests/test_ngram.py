@@ -131,6 +131,37 @@ def test_match_ngram_union_paths_agree(tmp_path) -> None:
     assert logits.std() > 0.1
 
 
+@pytest.mark.unit
+def test_feature_dropout_is_unbiased_and_off_in_eval(tmp_path) -> None:
+    """``ngram_dropout`` on real English texts: training logits vary from draw to draw, their
+    mean is the evaluation logits (the model is linear in the kept features, scaled by
+    1/(1-p)), and evaluation is the model without dropout; for pairs too."""
+    from xdpx.models.ngram import MatchNgram
+
+    texts = _corpus(tmp_path, "stsb", 64)
+    vocab, ids = _encode([WordTokenizer().tokenize(t) for t in texts])
+    for cls in (NgramLR, MatchNgram):
+        args = dict(char_ngram_orders=[2, 3, 4, 5], ngram_weighting="tfidf", ngram_norm="union")  # fmt: skip
+        model = cls(len(vocab), 3, [1, 2], 1 << 18, ngram_dropout=0.5, **args)
+        plain = cls(len(vocab), 3, [1, 2], 1 << 18, **args)
+        for m in (model, plain):
+            m.prepare(vocab.tokens, ids)
+        torch.manual_seed(0)
+        with torch.no_grad():
+            for param in model.parameters():
+                param.normal_()
+            plain.load_state_dict(model.state_dict())
+        batch = (_pad(ids[:8]),) if cls is NgramLR else (_pad(ids[:8]), _pad(ids[8:16]))
+        with torch.no_grad():
+            want = model.eval()(*batch)
+            torch.testing.assert_close(want, plain.eval()(*batch))
+            model.train()
+            draws = torch.stack([model(*batch) for _ in range(400)])
+        assert not torch.allclose(draws[0], draws[1])
+        spread = draws.std(dim=0) / 400**0.5  # standard error of the mean of the draws
+        assert ((draws.mean(dim=0) - want).abs() < 5 * spread + 1e-4).all(), cls.__name__
+
+
 @pytest.mark.integration
 def test_hash_collisions_are_as_rare_as_random(tmp_path) -> None:
     """Real 3- and 4-grams of reviews collide about as often as uniform random buckets
