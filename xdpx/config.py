@@ -305,7 +305,7 @@ class TrainConfig(_Section):
         "cross_entropy",
         description="Training loss: cross_entropy (softmax), or squared_hinge (one-vs-rest, "
         "LinearSVC's loss; logits are then margins, not log-probabilities); auto = the "
-        "model's default_loss (ngram_lr, match_ngram: squared_hinge; the others: "
+        "model's default_loss (ngram_lr: squared_hinge; match_ngram and the others: "
         "cross_entropy).",
     )
     optimizer: Literal["auto", "adamw", "lazy_adamw"] = Field(
