@@ -117,9 +117,9 @@ def _splits(path: Path, columns: list[str]) -> tuple[dict, dict]:
 def test_fasttext_peer_learns_from_a_file_sorted_by_label(tmp_path: Path) -> None:
     """20 Newsgroups as shipped is sorted by topic; fastText reads its file in order, so the
     peer shuffles it: trained on the ~2,000 sorted posts of 4 topics, it is far above the
-    25% of chance on dev (unshuffled: ~30%). In this process (after reading the corpus)
-    fastText 0.9.2 raises "Encountered NaN" on this input, which trains in a fresh
-    interpreter: the peer's retry there is what gives a model."""
+    25% of chance on dev (unshuffled: ~30%). Trained in this process (after reading the
+    corpus, in a pytest worker), fastText 0.9.2 raised "Encountered NaN" on this input, or
+    reached only 58% dev: the peer trains each point in a fresh interpreter."""
     pytest.importorskip("fasttext")
     from xdpx.baselines import fasttext_peer
 

@@ -345,7 +345,7 @@ def _grid_search(
 ) -> tuple[Any, dict[str, float], dict[str, Any]]:
     """Fit ``fit(value)`` for each grid value, dev accuracy of ``predict(model, "dev")``;
     the first value with the best dev accuracy wins and scores test. Only the best model so
-    far is kept (a fastText model with word n-grams or subwords holds ~0.8 GB).
+    far is kept.
 
     Returns:
         ``(best value, {str(value): dev accuracy}, test scores)``.
@@ -461,16 +461,24 @@ def _grid_points(grid: dict[str, Sequence[Any]]) -> list[dict[str, Any]]:
     return [dict(zip(keys, values, strict=True)) for values in itertools.product(*grid.values())]
 
 
-_FASTTEXT_WORKER = (
-    "import json, sys, fasttext; "
-    "fasttext.train_supervised(input=sys.argv[1], verbose=0, **json.loads(sys.argv[2]))"
-    ".save_model(sys.argv[3])"
-)
+_FASTTEXT_WORKER = """
+import json, sys, fasttext
+train, args, inputs, out = sys.argv[1:]
+model = fasttext.train_supervised(input=train, verbose=0, **json.loads(args))
+with open(inputs, encoding="utf-8") as f:
+    texts = json.load(f)
+pred = {s: [labels[0] for labels in model.predict(t, k=1)[0]] for s, t in texts.items()}
+with open(out, "w", encoding="utf-8") as f:
+    json.dump(pred, f)
+"""
 
 
-def _fasttext_isolated(path: str, args: dict[str, Any]) -> Any:
-    """``fasttext.train_supervised(input=path, **args)`` in a fresh interpreter (whose heap
-    holds nothing else), the model loaded back from a temporary file.
+def _fasttext_isolated(path: str, args: dict[str, Any], inputs_path: str) -> dict[str, list[str]]:
+    """``fasttext.train_supervised(input=path, **args)`` in a fresh interpreter that holds
+    nothing else, and its top label for each text of ``inputs_path`` (JSON: split -> texts).
+
+    Returns:
+        split -> fastText labels (``__label__<i>``), in the order of the texts.
 
     Raises:
         RuntimeError: the training failed there (its last stderr line, e.g. "Encountered
@@ -481,18 +489,17 @@ def _fasttext_isolated(path: str, args: dict[str, Any]) -> Any:
     import sys
     import tempfile
 
-    import fasttext
-
     with tempfile.TemporaryDirectory(prefix="xdpx-fasttext-") as tmp:
-        out = os.path.join(tmp, "model.bin")
+        out = os.path.join(tmp, "pred.json")
         done = subprocess.run(
-            [sys.executable, "-c", _FASTTEXT_WORKER, path, json.dumps(args), out],
+            [sys.executable, "-c", _FASTTEXT_WORKER, path, json.dumps(args), inputs_path, out],
             capture_output=True, text=True, check=False,
         )  # fmt: skip
         if done.returncode != 0:
             lines = done.stderr.strip().splitlines() or [f"exit status {done.returncode}"]
             raise RuntimeError(lines[-1].removeprefix("RuntimeError: "))
-        return fasttext.load_model(out)
+        with open(out, encoding="utf-8") as f:
+            return json.load(f)
 
 
 def fasttext_peer(
@@ -508,13 +515,15 @@ def fasttext_peer(
     tried and picked on dev accuracy (ties: the first in grid order). One thread and
     ``seed``: deterministic.
 
-    fastText 0.9.2 (``fasttext-numpy2-wheel``) raises "Encountered NaN" on some inputs and
-    arguments in a process that has done other work first (e.g. read the 20 Newsgroups
-    files) and trains on the very same ones fine in a fresh interpreter (the result then
-    depends on the process's heap, not on the data), so a grid point that fails in-process
-    is tried again in a fresh interpreter, up to :data:`FASTTEXT_TRIES` tries in all
-    (``"retried"`` lists the errors of the points that needed it); one that fails every
-    time (a diverging ``lr``) counts as dev accuracy 0 and is logged in ``"failed"``.
+    Each grid point trains, and predicts dev and test, in a fresh interpreter
+    (:func:`_fasttext_isolated`): fastText 0.9.2 (``fasttext-numpy2-wheel``) in a process
+    that has done other work first (read the corpus, ran other tests) gives results that
+    depend on that process's heap, not only on the data: "Encountered NaN" on an input that
+    trains fine in a fresh interpreter, or, in a pytest worker, 58% dev accuracy where a
+    fresh interpreter gets 88% (4 topics of 20 Newsgroups). A point that fails is tried up
+    to :data:`FASTTEXT_TRIES` times (``"retried"`` lists the errors of the points that
+    needed it); one that fails every time (a diverging ``lr``) counts as dev accuracy 0
+    and is logged in ``"failed"``.
 
     Returns:
         As :func:`svm_peer`; ``dev_accuracy`` keyed by the grid point's
@@ -524,7 +533,7 @@ def fasttext_peer(
         PeerUnavailable: fastText is not installed.
     """
     try:
-        import fasttext
+        import fasttext  # noqa: F401  (each grid point runs it in a fresh interpreter)
     except ImportError:
         raise PeerUnavailable(
             "fastText is not installed: pip install 'xdpx[suite]' (fasttext-numpy2-wheel) "
@@ -541,12 +550,15 @@ def fasttext_peer(
     inputs = {s: [_fasttext_text(t, language) for t in texts[s]] for s in ("dev", "test")}
     failed: dict[str, str] = {}
     retried: dict[str, list[str]] = {}
-    fd, path = tempfile.mkstemp(prefix="xdpx-fasttext-", suffix=".txt")
+    tmp = tempfile.TemporaryDirectory(prefix="xdpx-fasttext-")
+    path, inputs_path = os.path.join(tmp.name, "train.txt"), os.path.join(tmp.name, "inputs.json")
     try:
+        with open(inputs_path, "w", encoding="utf-8") as f:
+            json.dump(inputs, f)
         # fastText reads its file in order (no shuffling) with a decaying lr: a file sorted
         # by label, as corpora often are, trains it to predict the last labels only
         order = np.random.default_rng(seed).permutation(len(y["train"]))
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with open(path, "w", encoding="utf-8") as f:
             for i in order:
                 f.write(f"__label__{index[y['train'][i]]} {_fasttext_text(texts['train'][i], language)}\n")
 
@@ -558,31 +570,27 @@ def fasttext_peer(
             args = {k: v for k, v in p.items() if k != "subwords"}
             args.update(minn=2 if subwords else 0, maxn=5 if subwords else 0, thread=1, seed=seed)
             errors = []
-            for attempt in range(FASTTEXT_TRIES):
+            for _ in range(FASTTEXT_TRIES):
                 try:
-                    if attempt == 0:
-                        model = fasttext.train_supervised(input=path, verbose=0, **args)
-                    else:  # in a fresh interpreter (see the docstring)
-                        model = _fasttext_isolated(path, args)
-                except (RuntimeError, ValueError) as e:
+                    pred = _fasttext_isolated(path, args, inputs_path)
+                except RuntimeError as e:
                     errors.append(str(e))
                     continue
                 if errors:
                     retried[key(p)] = errors
-                return model
+                return pred
             failed[key(p)] = "; ".join(errors)
             return None
 
-        def predict(model, split: str) -> np.ndarray:
-            if model is None:  # a failed grid point: no prediction is right
+        def predict(pred: dict[str, list[str]] | None, split: str) -> np.ndarray:
+            if pred is None:  # a failed grid point: no prediction is right
                 return np.full(len(y[split]), "\x00failed", dtype=object)
-            got, _ = model.predict(inputs[split], k=1)
-            return np.asarray([classes[int(lab[0][len("__label__") :])] for lab in got])
+            return np.asarray([classes[int(lab[len("__label__") :])] for lab in pred[split]])
 
         points_keys = [key(p) for p in points]
         best, dev_acc, scores = _grid_search(fit, points, predict, y)
     finally:
-        os.unlink(path)
+        tmp.cleanup()
     if len(failed) == len(points):
         raise RuntimeError(f"fastText failed on every grid point: {failed}")
     dev_acc = dict(zip(points_keys, dev_acc.values(), strict=True))
