@@ -317,12 +317,10 @@ class NgramLR(nn.Module):
         if self.subwords is not None:
             sub = self.subwords[tokens].to(torch.int64)  # [tokens, SUBWORD_WIDTH]
             keep = torch.nonzero(sub.reshape(-1)).squeeze(1)
-            sub_text = text[torch.div(keep, SUBWORD_WIDTH, rounding_mode="floor")]
-            # sub-words are the second group of their text under ngram_norm union
-            texts.append(sub_text * self.kinds + (self.kinds - 1) if groups else sub_text)
+            texts.append(text[torch.div(keep, SUBWORD_WIDTH, rounding_mode="floor")])
             ids.append(sub.reshape(-1)[keep])
-            if groups and self.kinds > 1:
-                texts[:-1] = [t * self.kinds for t in texts[:-1]]
+        if groups and self.kinds > 1:  # token n-grams: group 2 * text; sub-words (last): + 1
+            texts = [t * self.kinds for t in texts[:-1]] + [texts[-1] * self.kinds + 1]
         return torch.cat(texts), torch.cat(ids)
 
     def _values(self, rows: torch.Tensor, tf: torch.Tensor) -> torch.Tensor:
