@@ -532,13 +532,13 @@ def fasttext_peer(
     Raises:
         PeerUnavailable: fastText is not installed.
     """
-    try:
-        import fasttext  # noqa: F401  (each grid point runs it in a fresh interpreter)
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("fasttext") is None:  # it runs in fresh interpreters only
         raise PeerUnavailable(
             "fastText is not installed: pip install 'xdpx[suite]' (fasttext-numpy2-wheel) "
             "or make suite-data"
-        ) from None
+        )
     import os
     import tempfile
 
