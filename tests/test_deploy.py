@@ -16,6 +16,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -179,6 +180,26 @@ def _wait_final(client, flow_run_id: str, worker_log: Path):
         time.sleep(2)
 
 
+def _assert_readable_by_all(run_dir: Path) -> None:
+    """A run's files have the mode of a plain ``open()`` under the worker's umask (inherited
+    from this process; 0644 under 0022), or that mode read-only where ``dvc exp save``
+    linked them into its cache (DVC makes them read-only), and its directories that of
+    ``mkdir`` (0755)."""
+    from xdpx import io
+
+    want_file, want_dir = io.file_mode(), io.dir_mode()
+    wrong = {}
+    for d, _, names in os.walk(run_dir):
+        if stat.S_IMODE(os.stat(d).st_mode) != want_dir:
+            wrong[d] = oct(stat.S_IMODE(os.stat(d).st_mode))
+        for n in names:
+            mode = stat.S_IMODE(os.stat(os.path.join(d, n)).st_mode)
+            if mode not in (want_file, want_file & ~0o222):
+                wrong[os.path.join(d, n)] = oct(mode)
+    latest = stat.S_IMODE(os.stat(run_dir.parent / "LATEST").st_mode)
+    assert not wrong and latest == want_file, (wrong, oct(latest))
+
+
 def test_deployment_run_on_process_worker(server, client, store_bucket, tmp_path, monkeypatch):
     """prefect.yaml -> `prefect deploy --all` -> worker -> `prefect deployment run` -> Completed,
     three times; each run in its own directory, with its artifacts, recorded as a DVC
@@ -260,6 +281,7 @@ def test_deployment_run_on_process_worker(server, client, store_bucket, tmp_path
             assert (run_dir / "models/default/best/model.safetensors").is_file()
             assert (run_dir / "models/default/export/model.onnx").is_file()
             assert "max_epoch: 1" in (run_dir / "models/default/params.yaml").read_text()
+            _assert_readable_by_all(run_dir)
             rows = sum(
                 len((run_dir / f"data/raw/{split}.tsv").read_text().splitlines()) - 1
                 for split in ("train", "dev", "test")

@@ -566,9 +566,56 @@ def cache_dir(*parts: str) -> str:
     return path
 
 
+def umask() -> int:
+    """The process umask (e.g. ``0o022``), read without changing it where Linux shows it
+    (``/proc/self/status``, kernel >= 4.7); elsewhere set and restored at once."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    """The mode a plain ``open(path, "w")`` gives a new file: ``0o666 & ~umask`` (0644
+    under umask 0022, 0640 under 0027). Temporary files (``tempfile.mkstemp``) are created
+    0600 and keep that mode when renamed into place, so every atomic write resets it."""
+    return 0o666 & ~umask()
+
+
+def dir_mode() -> int:
+    """The mode ``os.makedirs`` gives a new directory: ``0o777 & ~umask`` (0755 under 0022)."""
+    return 0o777 & ~umask()
+
+
+def mkstemp(prefix: str, dir: str, suffix: str = "") -> tuple[int, str]:
+    """``tempfile.mkstemp`` (exclusive create, unique name) with the mode of a plain
+    ``open()`` instead of 0600: the one way xdpx makes a file that is renamed into place.
+
+    Returns:
+        ``(fd, path)``; the caller closes ``fd``.
+    """
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=dir)
+    os.fchmod(fd, file_mode())
+    return fd, tmp
+
+
+def mkdtemp(prefix: str, dir: str | None = None) -> str:
+    """``tempfile.mkdtemp`` with the mode of ``os.makedirs`` instead of 0700 (for staging
+    directories that are renamed into place or whose files are)."""
+    path = tempfile.mkdtemp(prefix=prefix, dir=dir)
+    os.chmod(path, dir_mode())
+    return path
+
+
 def _local_tmp(prefix: str) -> str:
     """A new empty local file for staging a transfer; the caller removes it."""
-    fd, tmp = tempfile.mkstemp(prefix=prefix, dir=cache_dir("tmp"))
+    fd, tmp = mkstemp(prefix, cache_dir("tmp"))
     os.close(fd)
     return tmp
 
@@ -681,10 +728,11 @@ def open_atomic(
 ) -> Iterator[IO]:
     """Write ``path`` atomically; on any exception ``path`` is left as it was.
 
-    Local: a temp sibling is written, fsynced and renamed into place. Remote (and
-    ``memory://``): the bytes go to a local temp file, which is uploaded when the block
-    ends, in one PUT or a multipart upload the store completes only at the end (retried
-    as a whole on transient errors), so no reader ever sees a partial object.
+    Local: a temp sibling is written (with the mode of a plain ``open()``:
+    :func:`file_mode`), fsynced and renamed into place. Remote (and ``memory://``): the
+    bytes go to a local temp file, which is uploaded when the block ends, in one PUT or a
+    multipart upload the store completes only at the end (retried as a whole on transient
+    errors), so no reader ever sees a partial object.
 
     Args:
         path: destination (local or fsspec URL); local parent directories are created.
@@ -705,7 +753,7 @@ def open_atomic(
         _, p = fs_of(path)
         parent = os.path.dirname(os.path.abspath(p))
         os.makedirs(parent, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(p)}.", suffix=".tmp", dir=parent)
+        fd, tmp = mkstemp(f".{os.path.basename(p)}.", parent, suffix=".tmp")
         try:
             with os.fdopen(fd, mode, encoding=encoding, newline=newline) as f:
                 yield f
