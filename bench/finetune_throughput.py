@@ -15,7 +15,7 @@ batch, dropout on.
 * xdpx: ``stages.train.run`` with ``model=hf_classifier``, ``max_update =
   warmup + updates`` and ``log_interval=1`` (a train.log.tsv row and DVCLive
   metrics after every update: more logging than its default of 20, and the
-  rows' ``wall_time`` times each update); no dev split, so no evaluation.
+  rows' ``wall_time`` in time.log.tsv times each update); no dev split, so no evaluation.
 * baseline: ``transformers.Trainer(...).train()`` (needs ``accelerate``, in
   xdpx's ``bench`` extra) with ``DataCollatorWithPadding``, ``optim=
   "adamw_torch_fused"``, the same lr/decay/warmup/clipping, ``logging_steps=1``,
@@ -24,7 +24,7 @@ batch, dropout on.
 
 Timed: each of the updates ``warmup + 1 .. warmup + updates``, from the end of
 the previous update to the end of this one (xdpx: differences of the
-train.log.tsv ``wall_time``; Trainer: ``time.perf_counter`` in a callback's ``on_step_end``). Model loading,
+time.log.tsv ``wall_time``; Trainer: ``time.perf_counter`` in a callback's ``on_step_end``). Model loading,
 the first ``warmup`` updates and xdpx's final checkpoint save are outside it.
 Two figures, each ``batch_size`` / seconds per update:
 
@@ -202,11 +202,14 @@ def xdpx_run(
     with contextlib.redirect_stderr(io.StringIO()):  # the progress bar (logs still show)
         result = train.run(cfg)
     assert result.num_updates == total, result
-    with open(RunDir(save_dir).train_log, newline="") as f:
+    run = RunDir(save_dir)
+    with open(run.train_log, newline="") as f:
         rows = list(csv.DictReader(f, delimiter="\t"))
+    with open(run.time_log, newline="") as f:
+        times = list(csv.DictReader(f, delimiter="\t"))
     every = args.log_interval
-    assert [int(r["update"]) for r in rows] == list(range(every, total + 1, every))
-    wall = [float(r["wall_time"]) for r in rows]
+    assert [int(r["update"]) for r in times] == list(range(every, total + 1, every))
+    wall = [float(r["wall_time"]) for r in times]
     per_row = np.diff(wall[args.warmup // every - 1 :]) / every
     accuracy = result.best_valid.get("accuracy") if result.best_valid else None
     return [float(t) for t in np.repeat(per_row, every)], float(rows[-1]["loss"]), accuracy

@@ -38,7 +38,7 @@ figure ``getrusage(RUSAGE_CHILDREN)`` gives in a wrapper process, without the
 wrapper. With psutil installed, a thread also polls the child's process tree every
 0.1 s and keeps the largest RSS sum (copy-on-write pages shared by forked workers are
 counted in each, so the sum overstates); printed for workers=2. Training samples/s
-is read from the run's ``train.log.tsv`` (``log_interval`` 10): ``samples_seen /
+is read from the run's ``time.log.tsv`` (``log_interval`` 10): ``samples_seen /
 wall_time`` of its last row, i.e. from ``Trainer.fit``'s start to the last update,
 excluding interpreter start, data loading, building and preparing the model
 (ngram_lr's pass over the train texts) and the final dev eval.
@@ -153,8 +153,9 @@ def run_child(stage: str, args: list[str], log: Path) -> Child:
 
 
 def samples_per_s(save_dir: Path) -> float:
-    """``samples_seen / wall_time`` of the last row of the run's ``train.log.tsv``."""
-    with open(save_dir / "train.log.tsv", encoding="utf-8") as f:
+    """``samples_seen / wall_time`` of the last row of the run's ``time.log.tsv`` (the wall
+    clock of the ``train.log.tsv`` rows)."""
+    with open(save_dir / "time.log.tsv", encoding="utf-8") as f:
         last = list(csv.DictReader(f, delimiter="\t"))[-1]
     return int(last["samples_seen"]) / float(last["wall_time"])
 

@@ -16,7 +16,8 @@ Procedure for an :class:`~xdpx.config.ExportConfig`:
 5. time eager vs onnxruntime at batch 1 and 64 (median ms per batch);
 6. write into ``out_dir``: ``model.onnx``, the checkpoint's ``vocab.txt``,
    ``target_map.txt`` and ``meta.json`` (so the directory alone is enough to
-   serve), and ``report.json`` last (its presence marks a finished export).
+   serve), ``latency.json`` (step 5's timings: not hashed by DVC, ``.dvcignore``) and
+   ``report.json`` last (its presence marks a finished export).
 
 Every file is written atomically through :mod:`xdpx.io`; only the files named
 above are touched, so ``out_dir`` may be shared with other outputs.
@@ -68,6 +69,10 @@ logger = logging.getLogger("xdpx.export")
 ONNX_NAME = "model.onnx"
 INT8_NAME = "model.int8.onnx"  # export.quantize: int8
 REPORT_NAME = "report.json"
+#: eager vs onnxruntime timings (and the int8 graph's): they change with the machine and the
+#: moment, so they are kept out of ``report.json`` and ``.dvcignore`` keeps this name out of
+#: the export directory's DVC hash (every out a pure function of code, params and data)
+LATENCY_NAME = "latency.json"
 
 
 class ExportResult(BaseModel):
@@ -125,7 +130,7 @@ def _versions() -> dict[str, str]:
 
 def _remove_stale(out_dir: str) -> None:
     """Remove a previous run's report and model so nothing in ``out_dir`` claims success."""
-    for name in (REPORT_NAME, ONNX_NAME, INT8_NAME):
+    for name in (REPORT_NAME, ONNX_NAME, INT8_NAME, LATENCY_NAME):
         path = io.join(out_dir, name)
         if io.exists(path):
             logger.warning("removing stale %s", path)
@@ -220,12 +225,14 @@ def run(cfg: ExportConfig) -> ExportResult:
         "min_len": min_len,
         "samples": {"data_dir": cfg.data_dir, "split": cfg.split, "num_samples": len(seqs)},
         "parity": parity,
-        "latency": latency,
         "assets": copied,
         "versions": _versions(),
     }
+    timings = {"onnx": latency}
     if int8 is not None:
+        timings["int8"] = int8.pop("latency")
         report["int8"] = int8
+    io.write_text(io.join(cfg.out_dir, LATENCY_NAME), json.dumps(timings, indent=2) + "\n")
     io.write_text(report_path, json.dumps(report, indent=2) + "\n")
     logger.info("wrote %s and %s", onnx_path, report_path)
     return ExportResult(

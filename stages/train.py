@@ -1,12 +1,15 @@
 """Stage ``train``: build ``train.model`` from the prepared data's meta and run the Trainer.
 
 Writes ``<save_dir>/{best,last}/`` checkpoints, ``train.log.tsv``,
-``valid.log.tsv``, ``dvclive/`` and the reproducibility bundle
-(``params.yaml``, ``starter.yaml``, ``repro.json``).
+``valid.log.tsv``, ``dvclive/``, the reproducibility bundle
+(``params.yaml``, ``starter.yaml``, ``repro.json``, ``result.json``) and the run's volatile
+facts (``run.json``, ``time.log.tsv``: git state, command, host, wall times), which are not
+DVC outs: every out is a pure function of code, params and data.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import os
@@ -62,8 +65,10 @@ def write_bundle(cfg: TrainConfig, meta: PreparedMeta, resumed_from: str | None 
 
     Writes ``params.yaml`` (the resolved train section + the prepro config
     from meta.json), ``starter.yaml`` (only non-default train keys; usable as
-    ``--params``), and ``repro.json`` (command line, git commit and dirty
-    diff, python/torch/transformers versions, world size, resumed_from).
+    ``--params``), ``repro.json`` (python/torch/transformers versions, world size,
+    resumed_from) and ``run.json`` (command line, working directory, git commit and dirty
+    diff, host, start time in UTC: the facts that change with the machine and the moment,
+    kept out of the DVC outs; :func:`finish_run_info` adds the end).
     """
     import transformers
 
@@ -74,9 +79,6 @@ def write_bundle(cfg: TrainConfig, meta: PreparedMeta, resumed_from: str | None 
         del starter["learning_rate"]  # what learning_rate: null means for this model
     io.write_text(run_dir.starter, dump_yaml({"train": starter}))
     repro = {
-        "command": sys.argv,
-        "git_commit": _git("rev-parse", "HEAD").strip(),
-        "git_dirty_diff": _git("diff", "HEAD"),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
@@ -84,6 +86,30 @@ def write_bundle(cfg: TrainConfig, meta: PreparedMeta, resumed_from: str | None 
         "resumed_from": resumed_from,
     }
     io.write_text(run_dir.repro, json.dumps(repro, indent=2))
+    info = {
+        "command": sys.argv,
+        "cwd": os.getcwd(),
+        "git_commit": _git("rev-parse", "HEAD").strip(),
+        "git_dirty_diff": _git("diff", "HEAD"),
+        "host": platform.node(),
+        "started_utc": _utc_now(),
+    }
+    io.write_text(run_dir.run_info, json.dumps(info, indent=2))
+
+
+def _utc_now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def finish_run_info(cfg: TrainConfig, result: TrainResult) -> None:
+    """Write ``result.json`` (what the run produced, without its wall time) and add the end
+    time and ``wall_time`` (seconds) to ``run.json``."""
+    run_dir = RunDir(cfg.save_dir)
+    pure = {k: v for k, v in result.__dict__.items() if k != "wall_time"}
+    io.write_text(run_dir.result, json.dumps(pure, indent=2))
+    info = json.loads(io.read_text(run_dir.run_info)) if io.exists(run_dir.run_info) else {}
+    info.update(finished_utc=_utc_now(), wall_time=result.wall_time)
+    io.write_text(run_dir.run_info, json.dumps(info, indent=2))
 
 
 def _init_distributed(cfg: TrainConfig) -> bool:
@@ -319,7 +345,7 @@ def _train(
     if rank == 0:
         if mlm is not None:
             write_pretrained(cfg, meta)
-        io.write_text(RunDir(cfg.save_dir).result, json.dumps(result.__dict__, indent=2))
+        finish_run_info(cfg, result)
     return result
 
 

@@ -74,6 +74,29 @@ def test_repro_then_noop_then_metrics(project):
     assert "cdn.jsdelivr" not in page and "vegaEmbed" in page, html
 
 
+def test_reproducing_from_nothing_leaves_the_committed_lock_unchanged(project):
+    """Commit the first repro's dvc.lock and metrics, delete every output and the DVC cache
+    (a fresh clone without `dvc pull`), reproduce: the tree is clean, because every out is a
+    pure function of code, params and data (wall times, git state and latency live in
+    run.json, time.log.tsv and export/latency.json, which are not hashed)."""
+    root, env = project
+    sh("git", "add", "-A", cwd=root, env=env)
+    sh("git", "commit", "-qm", "first repro", cwd=root, env=env)
+    run = root / "models/default"
+    info = json.loads((run / "run.json").read_text())
+    assert info["git_commit"] and info["wall_time"] > 0 and "git_dirty_diff" not in json.loads((run / "repro.json").read_text())  # fmt: skip
+    assert (run / "time.log.tsv").read_text().startswith("update\tsamples_seen\twall_time\n")
+    assert "wall_time" not in (run / "train.log.tsv").read_text()
+    assert "onnx" in json.loads((run / "export/latency.json").read_text())
+    for name in ("data/raw", "data/prepared", "models", ".dvc/cache"):
+        shutil.rmtree(root / name)
+    for f in (root / "reports").iterdir():
+        f.unlink()
+    sh("dvc", "repro", cwd=root, env=env)
+    assert sh("git", "status", "--short", cwd=root, env=env) == ""
+    assert "up to date" in sh("dvc", "status", cwd=root, env=env)
+
+
 def test_touching_a_file_of_a_stages_import_closure_makes_it_out_of_date(project):
     """xdpx/optim.py runs only in train: editing it makes `dvc status` report train alone (the
     downstream reruns only if train's outputs change). xdpx/inference.py runs in train,
@@ -103,7 +126,8 @@ def test_touching_a_file_of_a_stages_import_closure_makes_it_out_of_date(project
 def test_exp_run_set_param_lists_metric(project):
     root, env = project
     sh("git", "add", "-A", cwd=root, env=env)
-    sh("git", "commit", "-qm", "lock", cwd=root, env=env)
+    # --allow-empty: the test above committed the lock when it ran
+    sh("git", "commit", "-qm", "lock", "--allow-empty", cwd=root, env=env)
     out = sh("dvc", "exp", "run", "-S", "train.learning_rate=0.003", cwd=root, env=env)
     assert (
         "Running stage 'fetch'" not in out and "Running stage 'prepro'" not in out

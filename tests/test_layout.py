@@ -27,6 +27,8 @@ LAYOUT_NAMES = {
     "valid.log.tsv",
     "result.json",
     "repro.json",
+    "run.json",
+    "time.log.tsv",
     "starter.yaml",
 }
 LAYOUT_SUFFIXES = ("/best", "/last", "/meta.json")

@@ -47,6 +47,9 @@ def test_train_writes_run_directory(trained):
         "params.yaml",
         "starter.yaml",
         "repro.json",
+        "result.json",
+        "run.json",
+        "time.log.tsv",
         "dvclive/metrics.json",
     ):
         assert (pd.io.common.Path(run_dir) / name).exists(), name
@@ -158,5 +161,5 @@ def test_export_parity_on_real_checkpoint(trained, tmp_path):
     )
     assert result.parity["max_abs_diff"] <= 1e-4
     assert (tmp_path / "export" / "model.onnx").exists()
-    report = json.loads((tmp_path / "export" / "report.json").read_text())
-    assert set(report["latency"]["batches"]) == {"1", "64"}
+    latency = json.loads((tmp_path / "export" / "latency.json").read_text())
+    assert set(latency["onnx"]["batches"]) == {"1", "64"}

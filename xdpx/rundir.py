@@ -8,6 +8,9 @@ A run directory (``train.save_dir``) holds::
     dvclive/                DVCLive metrics and plots
     profile/                torch.profiler trace (profile)
     params.yaml starter.yaml repro.json result.json            the reproducibility bundle
+    run.json time.log.tsv   volatile facts of this run (git state, command, host, wall
+                            times): not DVC outs, so every out is a pure function of code,
+                            params and data and a fresh clone's ``dvc repro`` leaves git clean
     export/                 ONNX export (stage export)
     pretrained/             task=mlm: the best model as a from_pretrained directory + tokenizer
 
@@ -117,6 +120,18 @@ class RunDir:
     @property
     def result(self) -> str:
         return self._join("result.json")
+
+    @property
+    def run_info(self) -> str:
+        """``run.json``: the volatile facts (git commit and dirty diff, command, host, start
+        and end times, wall seconds); not a DVC out."""
+        return self._join("run.json")
+
+    @property
+    def time_log(self) -> str:
+        """``time.log.tsv``: update, samples_seen, wall_time (seconds since the start) of
+        every ``train.log.tsv`` row; not a DVC out."""
+        return self._join("time.log.tsv")
 
     @property
     def export(self) -> str:

@@ -1,5 +1,6 @@
 """A run's logs: ``train.log.tsv``, ``valid.log.tsv``, ``grad.log.tsv``, ``samples.log.tsv``
-and the DVCLive mirror under ``<save_dir>/dvclive``.
+and the DVCLive mirror under ``<save_dir>/dvclive``; the wall clock of the train rows goes
+to ``time.log.tsv`` (not a DVC out: ``xdpx.rundir``).
 
 The rows live in the trainer's state (``xdpx.train_state.TrainState``), so a resumed run
 rewrites its logs from the checkpoint's rows and they equal an uninterrupted run's. Every
@@ -30,8 +31,10 @@ TRAIN_COLUMNS = [
     "accuracy",
     "grad_norm",
     "loss_scale",
-    "wall_time",
 ]
+#: Columns of ``time.log.tsv``: the wall clock of each ``train.log.tsv`` row, kept apart so
+#: that ``train.log.tsv`` (a DVC out) is a pure function of code, params and data.
+TIME_COLUMNS = ["update", "samples_seen", "wall_time"]
 
 
 def progress_bar(total: int, initial: int, enabled: bool) -> Any:
@@ -99,8 +102,11 @@ class RunLog:
         """Rewrite the TSV logs from ``state``'s rows (``train_rows``, ``valid_rows``, ...)."""
         if not self.enabled:
             return
-        summary_cols = sorted({k for r in state.train_rows for k in r} - set(TRAIN_COLUMNS))
+        summary_cols = sorted(
+            {k for r in state.train_rows for k in r} - set(TRAIN_COLUMNS) - set(TIME_COLUMNS)
+        )
         io.write_text(self.run.train_log, tsv(state.train_rows, TRAIN_COLUMNS + summary_cols))
+        io.write_text(self.run.time_log, tsv(state.train_rows, TIME_COLUMNS))
         for rows, path in (
             (state.valid_rows, self.run.valid_log),
             (state.grad_rows, self.run.grad_log),
