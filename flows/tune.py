@@ -36,7 +36,8 @@ trial prepares its own copy in ``<trial dir>/prepared``.
 
 Outputs in ``<out_dir>/<study>/``: ``trials.tsv`` (one row per trial),
 ``best_params.yaml`` (the best trial's config as a params file that
-``extends:`` the base), ``history.png`` and ``intermediate.png`` (Optuna's
+``extends:`` the base and holds every override the command received, any section, plus
+``prepro.data_dir`` of the data the trial trained on), ``history.png`` and ``intermediate.png`` (Optuna's
 matplotlib plots). The same command against the same storage and study name
 continues the study (trial numbers go on); several machines running it with
 one PostgreSQL URL share the trials.
@@ -430,8 +431,17 @@ def _trials_table(study: Any, space_keys: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: Keys each trial gets from xdpx tune (its own run and data directories), left out of
+#: ``best_params.yaml``; every other override the tune command received is kept.
+TRIAL_KEYS = RESERVED_KEYS - {"prepro.data_source", "prepro.data_files", "train.major_metric", "train.valid_subset"}  # fmt: skip
+
+
 def _best_params_yaml(cfg: TuneConfig, study: Any, out_path: str, metric: str) -> str | None:
-    """The best trial as a params file: ``extends:`` the base, then the fixed overrides and tuned values."""
+    """The best trial as a params file: ``extends:`` the base, then every override the tune
+    command received (any section: ``prepro.data_source=/my/data`` too), the tuned values,
+    and ``prepro.data_dir``: the prepared data the best trial trained on (the study's, or
+    the trial's own when the space tunes ``prepro.*``), so ``xdpx train best_params.yaml``
+    trains on the same data."""
     from xdpx.config import parse_override
 
     try:
@@ -441,11 +451,12 @@ def _best_params_yaml(cfg: TuneConfig, study: Any, out_path: str, metric: str) -
     body: dict[str, dict[str, Any]] = {}
     for item in cfg.overrides:
         section, key, value = parse_override(item)
-        if f"{section}.{key}" not in RESERVED_KEYS:
+        if f"{section}.{key}" not in TRIAL_KEYS:
             body.setdefault(section, {})[key] = value
     for name, value in best.params.items():
         section, _, key = name.partition(".")
         body.setdefault(section, {})[key] = _decode_choice(value)
+    body.setdefault("prepro", {})["data_dir"] = _prepared_dir(cfg, best.user_attrs.get("save_dir"))  # fmt: skip
     doc: dict[str, Any] = {}
     if io.exists(cfg.params):
         base = cfg.params
@@ -523,6 +534,14 @@ def _write_outputs(cfg: TuneConfig, study: Any, metric: str, plots: bool) -> dic
 
 
 # ------------------------------------------------------------------ the study
+def _prepared_dir(cfg: TuneConfig, trial_dir: str | None) -> str:
+    """Where a trial's prepared data is: ``<trial_dir>/prepared`` when the space tunes
+    ``prepro.*`` keys, else the study's shared ``<save_root>/<study>/prepared``."""
+    if trial_dir and any(k.startswith("prepro.") for k in cfg.space):
+        return io.join(trial_dir, "prepared")
+    return io.join(cfg.save_root, cfg.study, "prepared")
+
+
 def _prepare(prepro: PreproConfig) -> str:
     """Run prepro into ``prepro.data_dir`` unless it already holds the output of this same config."""
     if io.exists(PreparedMeta.path_in(prepro.data_dir)):
@@ -548,9 +567,7 @@ def run(cfg: TuneConfig) -> TuneResult:
 
     study_root = io.join(cfg.save_root, cfg.study)
     tunes_prepro = any(k.startswith("prepro.") for k in cfg.space)
-    base_prepro: PreproConfig = _stage_config(
-        "prepro", cfg, {"prepro.data_dir": io.join(study_root, "prepared")}
-    )
+    base_prepro: PreproConfig = _stage_config("prepro", cfg, {"prepro.data_dir": _prepared_dir(cfg, None)})  # fmt: skip
     base_train: TrainConfig = _stage_config("train", cfg, {})
     metric = base_train.major_metric
     direction = "maximize" if METRIC_DIRECTIONS[metric] > 0 else "minimize"
@@ -622,7 +639,7 @@ def run(cfg: TuneConfig) -> TuneResult:
             io.rm(trial_dir, recursive=True)
         data_dir = shared
         if data_dir is None:
-            data_dir = io.join(trial_dir, "prepared")
+            data_dir = _prepared_dir(cfg, trial_dir)
             _prepare(_stage_config("prepro", cfg, {**values, "prepro.data_dir": data_dir}))
         forced = {
             "train.save_dir": trial_dir,

@@ -158,6 +158,31 @@ def test_tune_prunes_writes_outputs_and_resumes_numbering(real_subset, tmp_path,
 
 
 @pytest.mark.integration
+def test_best_params_keep_every_override_so_training_from_them_reads_the_tuned_data(
+    real_subset, tmp_path, monkeypatch
+):
+    """`xdpx tune ... prepro.data_source=X`: best_params.yaml holds the data source and the
+    prepared data of the study, so its own "train it" line trains on X, not on params.yaml's
+    data/raw (which does not exist here)."""
+    raw, _ = real_subset
+    monkeypatch.chdir(tmp_path)
+    write_project(tmp_path, raw)
+    params = yaml.safe_load((tmp_path / "params.yaml").read_text())
+    params["prepro"]["data_source"] = "data/raw"  # the default: not the data tuned on
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    result = xdpx("tune", "space.yaml", "-n", "2", "--study", "mine", f"prepro.data_source={raw}", "prepro.max_len=48")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    best = yaml.safe_load((tmp_path / "reports/tune/mine/best_params.yaml").read_text())
+    assert best["prepro"] == {"data_source": raw, "max_len": 48, "data_dir": "models/tune/mine/prepared"}  # fmt: skip
+    trained = xdpx("train", "reports/tune/mine/best_params.yaml", "train.save_dir=models/best")
+    assert trained.exit_code == 0, trained.output
+    run = yaml.safe_load((tmp_path / "models/best/params.yaml").read_text())
+    assert run["train"]["data_dir"] == "models/tune/mine/prepared"
+    assert run["prepro"]["data_source"] == raw and run["prepro"]["max_len"] == 48
+    assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.integration
 def test_tuning_prepro_keys_prepares_data_per_trial(real_subset, tmp_path, monkeypatch):
     raw, _ = real_subset
     monkeypatch.chdir(tmp_path)
@@ -187,6 +212,8 @@ def test_tuning_prepro_keys_prepares_data_per_trial(real_subset, tmp_path, monke
         train = load_split(str(tmp_path / f"models/tune/maxlen/trial-{t.number}/prepared"), "train")
         assert max(len(x) for x in train.input_ids) == t.params["prepro.max_len"]  # truncated
     assert not (tmp_path / "models/tune/maxlen/prepared").exists()
+    best = yaml.safe_load((tmp_path / "reports/tune/maxlen/best_params.yaml").read_text())
+    assert best["prepro"]["data_dir"] == f"models/tune/maxlen/trial-{study.best_trial.number}/prepared"  # fmt: skip
 
 
 def bad_space(tmp_path: Path, space: dict, **top) -> str:
