@@ -357,6 +357,7 @@ def test_suite_end_to_end(tmp_path: Path) -> None:
     assert overall["mean_difference"] == pytest.approx(statistics.fmean(means))
     ses = [s["se"] for s in result["per_corpus"].values()]
     assert overall["se"] == pytest.approx(math.sqrt(sum(x * x for x in ses)) / 2)
+
     # suites run side by side, on other corpora or other seeds of a corpus (here: stsb's
     # seed 2 alone, before its seed 1), merge into the same result
     def part(keep) -> dict:

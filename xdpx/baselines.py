@@ -560,7 +560,9 @@ def fasttext_peer(
         order = np.random.default_rng(seed).permutation(len(y["train"]))
         with open(path, "w", encoding="utf-8") as f:
             for i in order:
-                f.write(f"__label__{index[y['train'][i]]} {_fasttext_text(texts['train'][i], language)}\n")
+                f.write(
+                    f"__label__{index[y['train'][i]]} {_fasttext_text(texts['train'][i], language)}\n"
+                )
 
         def key(p: dict[str, Any]) -> str:
             return " ".join(f"{k}={v}" for k, v in p.items())
