@@ -34,6 +34,7 @@ from xdpx.data import (
     detect_tokenizer,
     make_tokenizer,
 )
+from xdpx.data.conflicts import drop_rows, find_conflicts
 from xdpx.data.readers import MAX_BAD_LINES, iter_examples
 from xdpx.data.stream import (
     EncoderSpec,
@@ -170,7 +171,10 @@ def split_meta(cfg: PreproConfig, pieces: list[FileShards]) -> dict[str, Any]:
         "bad_lines": bad,
         "shard_rows": {k: v for p in pieces for k, v in p.shard_rows.items()},
         "label_counts": labels if has_labels else None,
+        "control_stripped": sum(p.control_stripped for p in pieces),
     }
+    if meta["control_stripped"]:
+        log.warning("%s: removed control characters from %d rows (prepro.control_chars=strip)", pieces[0].split, meta["control_stripped"])  # fmt: skip
     log.info(
         "%s: %d rows from %d file(s), %d skipped, %d truncated to max_len=%d (longest %d)",
         pieces[0].split, rows, len(pieces), meta["skipped"], meta["truncated"], cfg.max_len,
@@ -194,12 +198,14 @@ def write_prepared(
         DataError: the train split has no usable examples.
     """
     final = cfg.data_dir.rstrip("/")
+    conflicts = resolve_conflicts(cfg, tmp, pieces, spec.labels)
     by_split: dict[str, list[FileShards]] = {}
     for p in pieces:  # the mapper returns them in job order: split by split, files in order
         by_split.setdefault(p.split, []).append(p)
     splits_meta = {split: split_meta(cfg, ps) for split, ps in by_split.items()}
     if not splits_meta["train"]["rows"]:
         raise DataError(f"{_train_files(cfg)}: no usable examples in the train split")
+    missing, train_only = labels_missing(splits_meta, spec.labels)
     encoder = spec.build()
     io.write_text(io.join(tmp, VOCAB_FILE), "".join(f"{t}\n" for t in vocab_lines))
     encoder.target_map.save(io.join(tmp, TARGET_MAP_FILE))
@@ -221,6 +227,9 @@ def write_prepared(
         pair=encoder.pair_encoding == "separate",
         pair_encoding=encoder.pair_encoding,
         splits=splits_meta,
+        conflicts=conflicts,
+        labels_missing=missing,
+        train_only_labels=train_only,
         prepro=cfg.model_dump(mode="json"),
     ).write(tmp)
     io.replace_dir(tmp, final, marker=META_FILE)
@@ -240,6 +249,70 @@ def write_prepared(
             },
         },
     )
+
+
+def resolve_conflicts(
+    cfg: PreproConfig, tmp: str, pieces: list[FileShards], labels: list[str]
+) -> dict[str, Any] | None:
+    """Find texts under two labels (:func:`xdpx.data.conflicts.find_conflicts`) and apply
+    ``cfg.conflicts``: ``keep`` warns, ``drop`` rewrites the shards without them (in ``tmp``,
+    before anything is swapped in), ``error`` raises.
+
+    Returns:
+        the ``meta.json`` ``conflicts`` entry; None when no split has labels.
+
+    Raises:
+        DataError: ``conflicts: error`` and a conflict, naming the first file:line pairs.
+    """
+    if not any(p.row_hashes is not None for p in pieces):
+        return None
+    found = find_conflicts(pieces, labels)
+    if found.texts:
+        scope = ", ".join(
+            [f"{n} within {s}" for s, n in found.within.items() if n]
+            + [f"{n} in train and {s}" for s, n in found.across.items() if n]
+        )
+        shown = "; ".join(found.examples)
+        if cfg.conflicts == "error":
+            raise DataError(
+                f"{found.texts} text(s) under two labels ({scope}), e.g. {shown}; fix the labels, "
+                "or set prepro.conflicts=drop (remove them) or keep"
+            )
+        action = "dropped from every split" if cfg.conflicts == "drop" else "kept (prepro.conflicts=keep)"  # fmt: skip
+        log.warning("%d text(s) under two labels (%s), %s; e.g. %s", found.texts, scope, action, shown)  # fmt: skip
+        if cfg.conflicts == "drop":
+            for i, mask in found.drop.items():
+                drop_rows(tmp, pieces[i], mask)
+    return found.report(cfg.conflicts)
+
+
+def labels_missing(
+    splits_meta: dict[str, dict[str, Any]], labels: list[str]
+) -> tuple[dict[str, list[str]], list[str]]:
+    """Labels with train examples that another labelled split lacks.
+
+    Returns:
+        ``(split -> its missing labels, labels missing from every other labelled split)``;
+        each split's list is logged as a WARN (such a class is never scored there).
+    """
+    train = splits_meta["train"]["label_counts"] or []
+    others = {
+        s: m["label_counts"]
+        for s, m in splits_meta.items()
+        if s != "train" and m["has_labels"] and m["label_counts"] is not None
+    }
+    missing = {}
+    for split, counts in others.items():
+        gone = [labels[i] for i, (a, b) in enumerate(zip(train, counts, strict=True)) if a and not b]  # fmt: skip
+        if gone:
+            missing[split] = gone
+            log.warning("%s has no example of label(s) %s seen in train", split, gone)
+    train_only = [
+        labels[i] for i, a in enumerate(train) if a and others and not any(c[i] for c in others.values())
+    ]  # fmt: skip
+    if train_only:
+        log.warning("label(s) %s occur in train only: no dev or test example", train_only)
+    return missing, train_only
 
 
 @contextlib.contextmanager

@@ -145,6 +145,18 @@ class PreproConfig(_Section):
     skip_bad_lines: bool = Field(
         False, description="Skip and count malformed lines instead of failing."
     )
+    control_chars: Literal["error", "strip"] = Field(
+        "error",
+        description="A C0 control character (NUL, ESC, ...; tab, CR and LF excepted) inside a "
+        "text: error = a bad line naming file:line and the character (skipped with "
+        "skip_bad_lines); strip = removed, the lines counted in meta.json.",
+    )
+    conflicts: Literal["keep", "drop", "error"] = Field(
+        "keep",
+        description="One text under two labels (in a split, or in train and dev/test): "
+        "keep = kept and reported (log WARN, meta.json conflicts); drop = every row of such a "
+        "text removed from every split; error = fail naming the first file:line pairs.",
+    )
     shard_size: int = Field(50_000, ge=1, description="Rows per Parquet shard.")
     workers: int = Field(
         1,

@@ -42,6 +42,9 @@ class SplitMeta(BaseModel):
     label_counts: list[int] | None = Field(
         None, description="Examples per class index (labelled rows only)."
     )
+    control_stripped: int = Field(
+        0, ge=0, description="Rows whose control characters were removed (control_chars: strip)."
+    )
 
 
 class PreparedMeta(BaseModel):
@@ -70,6 +73,18 @@ class PreparedMeta(BaseModel):
     pair: bool = Field(False, description="Text pairs encoded separately (input_ids2).")
     pair_encoding: Literal["separate", "joint"] | None = None
     splits: dict[str, SplitMeta]
+    conflicts: dict[str, Any] | None = Field(
+        None,
+        description="Texts under two labels (xdpx.data.conflicts.Conflicts.report): action, "
+        "texts, within (per split), across_train, rows, examples (file:line (label) pairs).",
+    )
+    labels_missing: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="Labelled split -> labels with train examples but none there.",
+    )
+    train_only_labels: list[str] = Field(
+        default_factory=list, description="Labels with train examples and none in any other split."
+    )
     prepro: dict[str, Any] = Field(description="The prepro section that wrote the data.")
 
     @classmethod

@@ -4,6 +4,9 @@ Every malformed line raises :class:`DataError` with ``"{path}:{line}: {reason}"`
 (1-based physical line number, the reason names the offending field), unless
 ``cfg.skip_bad_lines`` is set, in which case it is skipped and counted.
 Completely empty lines (nothing but the line break) are ignored everywhere.
+A text holding a C0 control character other than tab, CR and LF (NUL, ESC, ...) is a bad
+line with ``prepro.control_chars: error`` (the default) and has them removed (the lines
+counted in ``ReadResult.control_stripped``) with ``strip``.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import csv
 import io as _pyio
 import json
 import logging
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +29,10 @@ logger = logging.getLogger(__name__)
 
 #: How many skipped-line reasons :class:`ReadResult` keeps in ``bad_lines``.
 MAX_BAD_LINES = 10
+#: C0 control characters that are not whitespace a text may hold (tab, LF, CR): NUL, BEL,
+#: ESC, ... (Unicode category Cc below U+0020; DEL and C1 are left alone).
+CONTROL_CHARS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f]")
+_CONTROL_NAMES = {0: "NUL", 7: "BEL", 8: "BS", 0x0B: "VT", 0x0C: "FF", 0x1B: "ESC"}
 
 
 class DataError(ValueError):
@@ -48,6 +56,8 @@ class ReadResult:
             (only possible with ``require_label=False``).
         line_numbers: ``[n]`` 1-based physical line number of each kept example.
         skipped: number of malformed lines skipped (``cfg.skip_bad_lines``).
+        control_stripped: kept lines whose control characters were removed
+            (``cfg.control_chars: strip``).
         bad_lines: the first :data:`MAX_BAD_LINES` skip reasons (``"path:line: reason"``).
     """
 
@@ -59,6 +69,7 @@ class ReadResult:
     line_numbers: list[int] = field(default_factory=list)
     skipped: int = 0
     bad_lines: list[str] = field(default_factory=list)
+    control_stripped: int = 0
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -99,8 +110,11 @@ class _Collector:
 
     def add(self, line: int, record: dict[str, Any], raw: dict[str, str]) -> None:
         cfg = self.cfg
-        text = self._text(record, cfg.text_column, "text")
-        text2 = self._text(record, cfg.text2_column, "text") if cfg.text2_column else None
+        text, stripped = self._clean(self._text(record, cfg.text_column, "text"), cfg.text_column)
+        text2 = None
+        if cfg.text2_column:
+            text2, stripped2 = self._clean(self._text(record, cfg.text2_column, "text"), cfg.text2_column)  # fmt: skip
+            stripped = stripped or stripped2
         label = None
         if self.has_label:
             value = record.get(cfg.label_column)
@@ -116,6 +130,7 @@ class _Collector:
                     f"label {label!r} (column {cfg.label_column!r}) is not in the target map {shown}"
                 )
         r = self.result
+        r.control_stripped += stripped
         if self.keep_rows:
             r.rows.append(raw)
         r.texts.append(text)
@@ -124,6 +139,24 @@ class _Collector:
         if r.labels is not None:
             r.labels.append(label or "")
         r.line_numbers.append(line)
+
+    def _clean(self, text: str, column: str | None) -> tuple[str, bool]:
+        """``text`` without its control characters (``control_chars: strip``), and whether
+        it had any; with ``error`` the first one fails the line, named with its position."""
+        found = CONTROL_CHARS.search(text)
+        if found is None:
+            return text, False
+        if self.cfg.control_chars == "error":
+            code = ord(found.group())
+            name = _CONTROL_NAMES.get(code, "control character")
+            raise _LineError(
+                f"{name} (U+{code:04X}) at character {found.start() + 1} of the text (column "
+                f"{column!r}); remove it, or set prepro.control_chars=strip"
+            )
+        cleaned = CONTROL_CHARS.sub("", text).strip()
+        if not cleaned:
+            raise _LineError(f"empty text after removing control characters (column {column!r})")
+        return cleaned, True
 
     @staticmethod
     def _text(record: dict[str, Any], column: str | None, what: str) -> str:
@@ -409,6 +442,7 @@ def concat_results(chunks: Iterable[ReadResult]) -> ReadResult:
             result.labels.extend(chunk.labels)
         result.line_numbers.extend(chunk.line_numbers)
         result.skipped += chunk.skipped
+        result.control_stripped += chunk.control_stripped
         room = MAX_BAD_LINES - len(result.bad_lines)
         result.bad_lines.extend(chunk.bad_lines[: max(room, 0)])
     return result

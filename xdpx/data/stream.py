@@ -36,6 +36,7 @@ from tqdm import tqdm
 
 from xdpx import io
 from xdpx.config import PreproConfig
+from xdpx.data.conflicts import text_hashes
 from xdpx.data.encoder import Encoder
 from xdpx.data.readers import MAX_BAD_LINES, DataError, iter_examples
 from xdpx.data.shards import NO_LABEL, shard_schema
@@ -283,6 +284,10 @@ class FileShards:
         truncated: rows where a sequence was cut to ``max_len``.
         label_counts: ``[num_labels]`` examples per class (unlabelled rows not counted).
         has_labels: the file has a label column.
+        control_stripped: rows whose control characters were removed (``control_chars: strip``).
+        row_hashes, row_labels, row_lines: ``[rows]`` uint64 text hash
+            (:func:`xdpx.data.conflicts.text_hashes`), int32 label id and int64 line of each
+            row, for :func:`xdpx.data.conflicts.find_conflicts`; None for an unlabelled file.
     """
 
     split: str
@@ -296,6 +301,10 @@ class FileShards:
     truncated: int = 0
     label_counts: list[int] = field(default_factory=list)
     has_labels: bool = True
+    control_stripped: int = 0
+    row_hashes: np.ndarray | None = None
+    row_labels: np.ndarray | None = None
+    row_lines: np.ndarray | None = None
 
 
 @dataclass
@@ -420,13 +429,20 @@ def encode_file(
     allowed = set(spec.labels)
     writer = _ShardWriter(out_dir, split, file_index, cfg.shard_size, spec.pair_columns)
     counts = np.zeros(len(spec.labels), dtype=np.int64)
+    hashes: list[np.ndarray] = []
+    lines: list[np.ndarray] = []
+    labels: list[np.ndarray] = []
 
     def jobs() -> Iterator[tuple[Any, ...]]:
         for chunk in iter_examples(path, cfg, require_label, allowed, cfg.chunk_rows):
             out.skipped += chunk.skipped
             out.bad_lines = (out.bad_lines + chunk.bad_lines)[:MAX_BAD_LINES]
+            out.control_stripped += chunk.control_stripped
             out.has_labels = chunk.labels is not None
             if len(chunk):
+                if out.has_labels:
+                    hashes.append(text_hashes(chunk.texts, chunk.texts2))
+                    lines.append(np.asarray(chunk.line_numbers, dtype=np.int64))
                 yield spec, chunk.texts, chunk.texts2, chunk.labels
 
     with tqdm(desc=f"prepro {split} {_name(path)}", unit="row") as bar:
@@ -437,9 +453,15 @@ def encode_file(
             out.truncated += enc.truncated
             labelled = enc.labels[enc.labels >= 0]
             counts += np.bincount(labelled, minlength=len(counts))[: len(counts)]
+            if out.has_labels:
+                labels.append(enc.labels)
             bar.update(len(enc.labels))
     out.shard_rows = writer.close()
     out.label_counts = counts.tolist()
+    if out.has_labels:
+        out.row_hashes = np.concatenate(hashes) if hashes else np.zeros(0, np.uint64)
+        out.row_lines = np.concatenate(lines) if lines else np.zeros(0, np.int64)
+        out.row_labels = np.concatenate(labels) if labels else np.zeros(0, np.int32)
     for msg in out.bad_lines:
         log.warning("skipping bad line %s", msg)
     if out.skipped > len(out.bad_lines):

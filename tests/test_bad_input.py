@@ -1,0 +1,101 @@
+"""Inputs that used to pass silently, on real corpus lines: a NUL inside a text, one text
+under two labels (within train; in train and dev), a label that only train has."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from stages import prepro
+from xdpx.config import PreproConfig
+from xdpx.data import load_split
+from xdpx.data.readers import DataError
+
+pytestmark = pytest.mark.integration
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def _write(path: Path, lines: list[str]) -> None:
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _flip(line: str) -> str:
+    text, label = line.rsplit("\t", 1)
+    return f"{text}\t{'pos' if label == 'neg' else 'neg'}"
+
+
+@pytest.fixture
+def raw(real_subset, tmp_path) -> Path:
+    src, _ = real_subset
+    out = tmp_path / "raw"
+    shutil.copytree(src, out)
+    return out
+
+
+def _prepro(raw: Path, out: Path, **kw) -> dict:
+    prepro.run(PreproConfig(data_source=str(raw), data_dir=str(out), max_len=64, **kw))
+    return json.loads((out / "meta.json").read_text())
+
+
+def test_a_nul_in_a_text_names_file_line_and_character_or_is_stripped_and_counted(raw, tmp_path):
+    lines = _lines(raw / "train.tsv")
+    text, label = lines[5].rsplit("\t", 1)
+    lines[5] = f"{text[:4]}\x00{text[4:]}\t{label}"  # a real review with a NUL inside (line 6)
+    _write(raw / "train.tsv", lines)
+    with pytest.raises(DataError, match=r"train\.tsv:6: NUL \(U\+0000\) at character 5 .*control_chars=strip"):  # fmt: skip
+        _prepro(raw, tmp_path / "p")
+    assert not (tmp_path / "p").exists()  # nothing half-written
+    meta = _prepro(raw, tmp_path / "p", control_chars="strip")
+    assert meta["splits"]["train"]["control_stripped"] == 1
+    assert meta["splits"]["train"]["rows"] == len(lines) - 1  # kept, without the NUL
+    meta = _prepro(raw, tmp_path / "q", skip_bad_lines=True)  # error + skip: the line goes
+    assert meta["splits"]["train"]["skipped"] == 1
+    assert "NUL" in meta["splits"]["train"]["bad_lines"][0]
+
+
+def test_conflicting_labels_are_reported_kept_dropped_or_refused(raw, tmp_path):
+    train, dev = _lines(raw / "train.tsv"), _lines(raw / "dev.tsv")
+    n_train, n_dev = len(train) - 1, len(dev) - 1
+    train.append(_flip(train[10]))  # within train: line 11 and the last line
+    dev.append(_flip(train[20]))  # train line 21's text in dev with the other label
+    dev.append(train[30])  # a plain duplicate, same label: not a conflict
+    _write(raw / "train.tsv", train)
+    _write(raw / "dev.tsv", dev)
+
+    meta = _prepro(raw, tmp_path / "keep")  # default: keep + report
+    c = meta["conflicts"]
+    assert c["action"] == "keep" and c["texts"] == 2
+    assert c["within"]["train"] == 1 and c["across_train"] == {"dev": 1, "test": 0}
+    assert c["rows"] == {"train": 3, "dev": 1, "test": 0}
+    assert any("train.tsv:11 (" in e and f"train.tsv:{n_train + 2} (" in e for e in c["examples"])  # fmt: skip
+    assert any("train.tsv:21 (" in e and f"dev.tsv:{n_dev + 2} (" in e for e in c["examples"])
+    assert meta["splits"]["train"]["rows"] == n_train + 1
+
+    meta = _prepro(raw, tmp_path / "drop", conflicts="drop")
+    assert meta["conflicts"]["action"] == "drop"
+    assert meta["splits"]["train"]["rows"] == n_train + 1 - 3
+    assert meta["splits"]["dev"]["rows"] == n_dev + 2 - 1
+    split = load_split(str(tmp_path / "drop"), "train")
+    assert len(split) == n_train - 2 and sum(meta["splits"]["train"]["label_counts"]) == len(split)
+    assert sorted(split.ids.tolist()) == list(range(len(split)))  # ids renumbered
+
+    with pytest.raises(DataError, match=r"2 text\(s\) under two labels \(1 within train, 1 in train and dev\).*train\.tsv:11"):  # fmt: skip
+        _prepro(raw, tmp_path / "error", conflicts="error")
+    assert not (tmp_path / "error").exists()
+
+
+def test_a_label_only_train_has_is_reported(raw, tmp_path, caplog):
+    train = _lines(raw / "train.tsv")
+    for i in (3, 4, 5):
+        train[i] = train[i].rsplit("\t", 1)[0] + "\tneutral"
+    _write(raw / "train.tsv", train)
+    meta = _prepro(raw, tmp_path / "p")
+    assert meta["train_only_labels"] == ["neutral"]
+    assert meta["labels_missing"] == {"dev": ["neutral"], "test": ["neutral"]}
+    assert "occur in train only" in caplog.text
