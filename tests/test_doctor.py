@@ -15,6 +15,8 @@ file, or a monkeypatched model/trainer function) and asserts that the report nam
 | (f) NaN/Inf in the inputs / a label out of range | a NaN embedding row / a shard label of 5 | inputs FAIL |
 | (g) loss summed, not averaged, under accumulation | Trainer._loss_units = micro-batch size | reduction FAIL |
 | (h) a DDP sampler whose order ignores the epoch | the epoch order seeded by seed only | data_order FAIL |
+| (i) dev's labels inverted with respect to train's | dev.tsv with neg and pos swapped | split_consistency FAIL |
+| (j) warmup longer than the run's budget | train.warmup_steps | schedule FAIL |
 """
 
 from __future__ import annotations
@@ -300,6 +302,45 @@ def test_detached_loss_fails_grad_flow(real_subset, monkeypatch):
     assert found["grad_flow"].status == "fail" and "detached" in found["grad_flow"].detail
     assert found["overfit_batch"].status == "skip"
     assert "needs grad_flow to pass" in found["overfit_batch"].detail
+
+
+def test_i_dev_labels_inverted_with_respect_to_train(real_subset, tmp_path):
+    raw, _ = real_subset
+    shutil.copytree(raw, tmp_path / "raw")
+    df = read_tsv(tmp_path / "raw" / "dev.tsv")
+    df["label"] = df["label"].map({"neg": "pos", "pos": "neg"})  # another source's 0/1
+    df.to_csv(tmp_path / "raw" / "dev.tsv", sep="\t", index=False, quoting=csv.QUOTE_NONE)
+    out = str(tmp_path / "prepared")
+    prepro.run(PreproConfig(data_source=str(tmp_path / "raw"), data_dir=out, max_len=128))
+    found = report(out)
+    assert found["alignment"].status == "ok"  # train alone is fine
+    c = found["split_consistency"]
+    assert c.status == "fail", c.line()
+    assert "dev scores" in c.detail and "below its majority-class rate" in c.detail
+    assert "the labels of dev do not mean what train's mean" in c.detail
+    assert "test" not in c.detail.split(":")[0]  # test is consistent
+
+
+@pytest.mark.parametrize("warmup", [{"warmup_steps": 100_000}, {"warmup_ratio": 0.0, "max_update": 5, "warmup_steps": 6}])  # fmt: skip
+def test_j_warmup_longer_than_the_budget(real_subset, warmup):
+    _, prepared = real_subset
+    c = report(prepared, **warmup)["schedule"]
+    assert c.status == "fail", c.line()
+    assert "longer than the run's whole budget" in c.detail
+
+
+def test_schedule_rules_on_made_up_schedules():
+    """The WARN no shipped scheduler reaches within its own budget: an lr at ~0 long before
+    the first evaluation; and the 10% floor."""
+    from xdpx.checklist import schedule_findings
+
+    cfg = TrainConfig()
+    decayed = np.concatenate([np.ones(200), np.zeros(800)])  # 0 from update 201
+    status, detail = schedule_findings(cfg, decayed, first_eval=1000)
+    assert status == "warn" and "below 1% of its peak from update 201" in detail
+    assert schedule_findings(cfg, decayed, first_eval=150)[0] == "ok"  # evaluated before
+    assert schedule_findings(cfg, np.full(100, 0.05), first_eval=100)[0] == "fail"
+    assert schedule_findings(cfg, np.linspace(1, 0, 1000), first_eval=1000)[0] == "ok"
 
 
 # ---------------------------------------------------------------------------- command line

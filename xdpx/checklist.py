@@ -100,7 +100,9 @@ FAST = (
     "num_labels",
     "inputs",
     "alignment",
+    "split_consistency",
     "learning_rate",
+    "schedule",
     "initial_loss",
     "padding",
     "grad_flow",
@@ -138,7 +140,9 @@ class Probe:
     template: nn.Module
     model_config: dict[str, Any]
     tokens: list[str]
-    workdir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="xdpx-doctor-"))
+    workdir: str = field(default_factory=lambda: io.mkdtemp("xdpx-doctor-"))
+    #: results one check leaves for a later one (the alignment classifier's features)
+    shared: dict[str, Any] = field(default_factory=dict)
 
     def close(self) -> None:
         """Remove :attr:`workdir`; stop a lazy split's read-ahead threads."""
@@ -415,15 +419,52 @@ def check_inputs(p: Probe) -> Check:
     return Check("ok", "inputs", f"ids in [0, {vocab_size}), labels in [0, {p.num_labels}), parameters and every module's output finite on the first batch")  # fmt: skip
 
 
-def check_alignment(p: Probe, max_rows: int = 6000) -> Check:
-    """Are the labels related to the texts at all? A bag-of-tokens logistic regression
-    (scikit-learn), 3-fold cross-validated on up to ``max_rows`` training samples, must beat
-    the majority class by more than chance: if it does not, labels were shuffled or sorted
-    apart from their texts, or the wrong column is the label. The one-sided binomial test
-    against the majority-class rate must give p < 0.001 (WARN below that with p < 0.05)."""
+#: The alignment classifier's budget: rows of train it reads, n-gram features it keeps
+#: (the most frequent), its solver. LinearSVC (liblinear, one-vs-rest) costs ~linear in
+#: classes x rows x features; scikit-learn's lbfgs LogisticRegression took 93 s of a 102 s
+#: doctor on a 52-class corpus of 5.8k long texts (issue 36), this 4 s on 60 classes.
+ALIGN_MAX_ROWS = 6000
+ALIGN_MAX_FEATURES = 50_000
+
+
+def _doc(t: np.ndarray) -> str:
+    return " ".join(map(str, t.tolist()))
+
+
+def bag_features(vec: Any, samples: list[Any], fit: bool = False) -> Any:
+    """TF-IDF rows of ``samples`` (token ids as words, 1-2-grams); pairs as
+    ``[|u - v|, u * v]`` of the two texts' rows (the pair baseline's features)."""
+    import scipy.sparse as sp
+
+    if not samples or not isinstance(samples[0], tuple):
+        docs = [_doc(s) for s in samples]
+        return vec.fit_transform(docs) if fit else vec.transform(docs)
+    if fit:
+        vec.fit([_doc(s[0]) for s in samples] + [_doc(s[1]) for s in samples])
+    u = vec.transform([_doc(s[0]) for s in samples])
+    v = vec.transform([_doc(s[1]) for s in samples])
+    return sp.hstack([abs(u - v), u.multiply(v)]).tocsr()
+
+
+def bag_classifier() -> Any:
+    """The alignment classifier: scikit-learn's ``LinearSVC(C=0.5)`` (liblinear,
+    one-vs-rest; see :data:`ALIGN_MAX_FEATURES` for why not lbfgs logistic regression)."""
+    from sklearn.svm import LinearSVC
+
+    return LinearSVC(C=0.5)
+
+
+def check_alignment(p: Probe, max_rows: int = ALIGN_MAX_ROWS) -> Check:
+    """Are the labels related to the texts at all? A bag-of-tokens linear classifier
+    (TF-IDF 1-2-grams of the token ids, the :data:`ALIGN_MAX_FEATURES` most frequent, and
+    scikit-learn's ``LinearSVC``), 3-fold cross-validated on up to ``max_rows`` training
+    samples, must beat the majority class by more than chance: if it does not, labels were
+    shuffled or sorted apart from their texts, or the wrong column is the label. The
+    one-sided binomial test against the majority-class rate must give p < 0.001 (WARN
+    below that with p < 0.05). Leaves its features in ``p.shared`` for
+    :func:`check_split_consistency`."""
     from scipy.stats import binomtest
     from sklearn.feature_extraction.text import TfidfVectorizer
-    from sklearn.linear_model import LogisticRegression
     from sklearn.model_selection import StratifiedKFold, cross_val_predict
 
     n = len(p.data)
@@ -435,28 +476,15 @@ def check_alignment(p: Probe, max_rows: int = 6000) -> Check:
         return Check("skip", "alignment", f"needs >= 60 training samples in >= 2 classes of >= 3 (has {len(ids)})")  # fmt: skip
     keep = np.isin(y, np.flatnonzero(counts >= 3))
     ids, y = ids[keep], y[keep]
-    samples = p.data.samples(ids)
-    pair = isinstance(samples[0], tuple)
-
-    def doc(t: np.ndarray) -> str:
-        return " ".join(map(str, t.tolist()))
-
-    vec = TfidfVectorizer(token_pattern=r"\S+", ngram_range=(1, 2), sublinear_tf=True, min_df=2)
-    if pair:  # [|u - v|, u * v]: the pair baseline's features (xdpx.baselines)
-        import scipy.sparse as sp
-
-        vec.fit([doc(s[0]) for s in samples] + [doc(s[1]) for s in samples])
-        u = vec.transform([doc(s[0]) for s in samples])
-        v = vec.transform([doc(s[1]) for s in samples])
-        x = sp.hstack([abs(u - v), u.multiply(v)]).tocsr()
-    else:
-        x = vec.fit_transform([doc(s) for s in samples])
+    vec = TfidfVectorizer(token_pattern=r"\S+", ngram_range=(1, 2), sublinear_tf=True, min_df=2, max_features=ALIGN_MAX_FEATURES)  # fmt: skip
+    x = bag_features(vec, p.data.samples(ids), fit=True)
     folds = StratifiedKFold(n_splits=3, shuffle=True, random_state=0)
-    pred = cross_val_predict(LogisticRegression(C=4.0, max_iter=1000), x, y, cv=folds)
+    pred = cross_val_predict(bag_classifier(), x, y, cv=folds)
     correct = int((pred == y).sum())
     majority = float(np.bincount(y).max() / len(y))
     acc = correct / len(y)
     pvalue = binomtest(correct, len(y), majority, alternative="greater").pvalue
+    p.shared["bag"] = {"vec": vec, "x": x, "y": y, "accuracy": acc, "majority": majority, "pvalue": pvalue}  # fmt: skip
     what = f"a bag-of-tokens classifier scores {acc:.3f} on held-out folds of {len(y)} training samples vs {majority:.3f} for the majority class (p={pvalue:.2g})"  # fmt: skip
     fix = "labels look unrelated to the texts: check that the label column is aligned with the text column (labels shuffled or sorted apart from the texts, the wrong prepro.label_column/text_column, a header mix-up)"  # fmt: skip
     if pvalue >= 0.05:
@@ -464,6 +492,129 @@ def check_alignment(p: Probe, max_rows: int = 6000) -> Check:
     if pvalue >= 1e-3:
         return Check("warn", "alignment", f"{what}: barely above chance; {fix}")
     return Check("ok", "alignment", what)
+
+
+def _split_head(data_dir: str, split: str, max_rows: int) -> tuple[list[Any], np.ndarray]:
+    """The first ``max_rows`` labelled samples of ``split`` (shard by shard) and their labels."""
+    from xdpx.data.lazy import LazySplit
+    from xdpx.inference import as_samples
+
+    samples: list[Any] = []
+    labels: list[np.ndarray] = []
+    shards = LazySplit(data_dir, split)
+    try:
+        for d in shards.iter_shards():
+            keep = np.flatnonzero(d.labels >= 0)[: max_rows - len(samples)]
+            rows = as_samples(d.input_ids, d.input_ids2)
+            samples += [rows[i] for i in keep]
+            labels.append(d.labels[keep])
+            if len(samples) >= max_rows:
+                break
+    finally:
+        shards.close()
+    return samples, np.concatenate(labels) if labels else np.zeros(0, np.int64)
+
+
+def check_split_consistency(p: Probe, max_rows: int = ALIGN_MAX_ROWS) -> Check:
+    """Do the other splits mean by each label what train does? :func:`check_alignment`'s
+    classifier, fit on its train samples, scores the first ``max_rows`` labelled rows of
+    every other split (dev, test). FAIL when a split scores below its own majority-class
+    rate (one-sided binomial test, p < 0.01: e.g. dev's labels inverted with respect to
+    train's, as when dev comes from a source whose 0/1 are swapped), or far below the
+    classifier's held-out train score: more than half its gain over the majority class
+    lost, and by more than 3 standard errors of the split's accuracy (the split's labels
+    then disagree with train's on much of it; early stopping would pick by a meaningless
+    dev score). WARN: texts that prepro found under another label in train
+    (``meta.json`` ``conflicts.across_train``), listed."""
+    from scipy.stats import binomtest
+
+    bag = p.shared.get("bag")
+    if bag is None or bag["pvalue"] >= 0.05:
+        return Check("skip", "split_consistency", "needs the alignment classifier (alignment OK or WARN)")  # fmt: skip
+    others = [s for s, m in p.meta.splits.items() if s != p.cfg.train_subset and m.has_labels and m.rows]  # fmt: skip
+    if not others:
+        return Check("skip", "split_consistency", "no labelled split besides train")
+    clf = bag_classifier().fit(bag["x"], bag["y"])
+    a_train, m_train = bag["accuracy"], bag["majority"]
+    scored, bad = [], []
+    for split in others:
+        samples, y = _split_head(p.cfg.data_dir, split, max_rows)
+        if not len(y):
+            continue
+        acc = float((clf.predict(bag_features(bag["vec"], samples)) == y).mean())
+        majority = float(np.bincount(y).max() / len(y))
+        scored.append(f"{split} {acc:.3f} (majority {majority:.3f}, {len(y)} rows)")
+        below = binomtest(round(acc * len(y)), len(y), majority, alternative="less").pvalue
+        se = math.sqrt(max(a_train * (1 - a_train), 1e-6) / len(y))
+        if below < 0.01:
+            bad.append(f"{split} scores {acc:.3f}, below its majority-class rate {majority:.3f} (p={below:.2g})")  # fmt: skip
+        elif acc < a_train - max(0.5 * (a_train - m_train), 3 * se):
+            bad.append(f"{split} scores {acc:.3f}, far below {a_train:.3f} on held-out train folds (majority {m_train:.3f})")  # fmt: skip
+    what = f"a classifier fit on train scores {', '.join(scored)} vs {a_train:.3f} on held-out train folds"  # fmt: skip
+    if bad:
+        return Check("fail", "split_consistency", f"{'; '.join(bad)}: the labels of {' and '.join(b.split()[0] for b in bad)} do not mean what train's mean (inverted or permuted labels, another source's label scheme, the wrong label column in that file); early stopping would pick by a meaningless score")  # fmt: skip
+    across = (p.meta.conflicts or {}).get("across_train") or {}
+    if any(across.values()):
+        shown = "; ".join((p.meta.conflicts or {}).get("examples", [])[:3])
+        counts = ", ".join(f"{n} in {s}" for s, n in across.items() if n)
+        return Check("warn", "split_consistency", f"{what}; texts that train labels otherwise: {counts} (e.g. {shown}); prepro.conflicts=drop removes them")  # fmt: skip
+    return Check("ok", "split_consistency", what)
+
+
+def schedule_multipliers(cfg: TrainConfig, total: int) -> np.ndarray:
+    """``[total]`` the learning rate of updates 1..``total`` as a share of its peak, from
+    the scheduler the trainer builds (:func:`xdpx.optim.build_scheduler`: update ``k``
+    runs at ``peak * lr_lambda(k - 1)``)."""
+    from xdpx.optim import build_scheduler
+
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    sched = build_scheduler(opt, cfg, total)
+    fn = sched.lr_lambdas[0]
+    return np.array([fn(k) for k in range(total)], dtype=np.float64)
+
+
+def schedule_findings(cfg: TrainConfig, multipliers: np.ndarray, first_eval: int) -> tuple[str, str]:  # fmt: skip
+    """``(status, detail)`` of a run's lr schedule (:func:`check_schedule`'s rules)."""
+    from xdpx.optim import warmup_updates
+
+    total = len(multipliers)
+    warmup = warmup_updates(cfg, total)
+    peak = float(multipliers.max()) if total else 0.0
+    what = f"{cfg.lr_scheduler} over {total:,} updates, {warmup:,} of warmup; the lr peaks at {100 * peak:.3g}% of learning_rate, first evaluation at update {first_eval:,}"  # fmt: skip
+    if warmup > total:
+        return "fail", f"{what}: train.warmup_steps/warmup_ratio gives {warmup:,} updates of warmup, longer than the run's whole budget of {total:,} (max_epoch, max_update, max_samples): the lr never leaves the warmup; shorten the warmup or raise the budget"  # fmt: skip
+    if peak < 0.1:
+        return "fail", f"{what}: the lr never reaches 10% of its peak; check lr_scheduler and warmup against the budget"  # fmt: skip
+    before = multipliers[warmup : max(first_eval - 1, warmup)]
+    if len(before) and (before < 0.01).mean() > 0.1:
+        dead = int(np.argmax(multipliers[warmup:] < 0.01)) + warmup + 1
+        return "warn", f"{what}: the lr is below 1% of its peak from update {dead:,}, long before the first evaluation: those updates barely train; evaluate earlier (train.eval_interval) or lengthen the schedule"  # fmt: skip
+    return "ok", what
+
+
+def check_schedule(p: Probe) -> Check:
+    """The learning rate of every update of the run, from the config and the train size as
+    the trainer computes them (budget: :func:`xdpx.sampling.total_updates` of one process;
+    schedule: :func:`schedule_multipliers`; first evaluation: ``eval_interval`` updates
+    after ``eval_interval_warmup``, or the first epoch end). FAIL: the warmup is longer
+    than the budget (the lr never leaves it), or the lr never reaches 10% of its peak.
+    WARN: after the warmup, more than a tenth of the updates before the first evaluation
+    run below 1% of the peak (a schedule that decays to ~0 long before anything is
+    evaluated)."""
+    from xdpx.sampling import total_updates
+
+    cfg = p.cfg
+    window = cfg.batch_size * cfg.update_freq
+    total = total_updates(len(p.data), window, cfg)
+    if total < 1:
+        return Check("skip", "schedule", "the budget allows no update")
+    per_epoch = math.ceil(len(p.data) / window)
+    if cfg.eval_interval > 0:
+        first = max(cfg.eval_interval, math.ceil(cfg.eval_interval_warmup / cfg.eval_interval) * cfg.eval_interval)  # fmt: skip
+    else:
+        first = max(per_epoch, math.ceil(cfg.eval_interval_warmup / per_epoch) * per_epoch)
+    status, detail = schedule_findings(cfg, schedule_multipliers(cfg, total), min(first, total))
+    return Check(status, "schedule", detail)
 
 
 def check_learning_rate(p: Probe) -> Check:
@@ -735,7 +886,9 @@ CHECKS: list[tuple[str, Callable[[Probe], Check]]] = [
     ("num_labels", check_num_labels),
     ("inputs", check_inputs),
     ("alignment", check_alignment),
+    ("split_consistency", check_split_consistency),
     ("learning_rate", check_learning_rate),
+    ("schedule", check_schedule),
     ("initial_loss", check_initial_loss),
     ("padding", check_padding),
     ("grad_flow", check_grad_flow),
