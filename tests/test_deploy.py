@@ -346,7 +346,10 @@ def test_deployment_run_on_process_worker(server, client, store_bucket, tmp_path
         _sh(dvc + ["pull"], clone, git_env)
         for part in ("best", "export"):
             got = files_under(clone / "models/default" / part)
-            assert got and got == files_under(run_dirs[2] / "models/default" / part)
+            want = files_under(run_dirs[2] / "models/default" / part)
+            if part == "export":  # the timings of the machine that exported stay there
+                assert want.pop("latency.json") and "latency.json" not in got
+            assert got and got == want
 
         # The UI: the dashboard and the flow run's page load (as a browser asks for them).
         base = api_url.removesuffix("/api")

@@ -63,7 +63,8 @@ def _sha(data: bytes) -> str:
 
 def fingerprint(run_dir: Path) -> dict:
     """Hashes and logged numbers of one run directory."""
-    train_log = pd.read_csv(run_dir / "train.log.tsv", sep="\t").drop(columns=["wall_time"])
+    train_log = pd.read_csv(run_dir / "train.log.tsv", sep="\t")
+    train_log = train_log.drop(columns=["wall_time"], errors="ignore")  # runs before time.log.tsv
     buf = io.StringIO()
     train_log.to_csv(buf, sep="\t", index=False)
     valid_log = (run_dir / "valid.log.tsv").read_bytes()
