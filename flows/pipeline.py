@@ -30,6 +30,7 @@ Scheduled runs on work pools: see ``prefect.yaml`` and the README
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from typing import Any
@@ -143,13 +144,17 @@ def _stage_task(name: str):
         retry_delay_seconds=list(IO_RETRY_DELAYS),
         retry_condition_fn=_retry_on_remote_io,
     )
-    def run_stage(params: Params, progress_key: str | None = None) -> dict:
+    def run_stage(params: Params, progress_key: str | None = None, nproc: int = 1) -> dict:
         stage = STAGES[name]
         cfg = getattr(params, name)
         try:
             if name == "train":
                 cfg = _train_config_for_attempt(cfg)
-            if progress_key is not None:  # train: a progress artifact updated at each evaluation
+            if name == "train" and nproc > 1:
+                result = _train_under_torchrun(cfg, nproc)
+                if progress_key is not None:
+                    _Progress(progress_key).done(result)
+            elif progress_key is not None:  # train: a progress artifact updated at each evaluation
                 progress = _Progress(progress_key)
                 result = stage.run(cfg, on_eval=progress)
                 progress.done(result)
@@ -161,6 +166,37 @@ def _stage_task(name: str):
         return _result_dict(result)
 
     return run_stage
+
+
+def _train_under_torchrun(cfg: Any, nproc: int) -> Any:
+    """Run the train stage with ``cfg`` as ``nproc`` DDP processes on this node (the same
+    ``torchrun`` that ``xdpx train --nproc`` starts: :func:`stages.train.torchrun_command`),
+    the resolved train section handed over in a temporary params file; the result is read
+    back from the run's ``result.json``.
+
+    Raises:
+        RuntimeError: torchrun exited non-zero (its output is in the worker's log).
+    """
+    import subprocess
+
+    from stages.train import torchrun_command
+    from xdpx import io
+    from xdpx.config import dump_yaml
+    from xdpx.trainer import TrainResult
+
+    fd, path = io.mkstemp("xdpx-train-", io.cache_dir("tmp"), suffix=".yaml")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(dump_yaml({"train": cfg.model_dump(mode="json")}))
+        cmd = torchrun_command(nproc, ["--params", path])
+        get_run_logger().info("train: %d processes: %s", nproc, " ".join(cmd))
+        status = subprocess.call(cmd)
+    finally:
+        os.unlink(path)
+    if status != 0:
+        raise RuntimeError(f"train under torchrun ({nproc} processes) exited with {status}; see the worker's output")  # fmt: skip
+    result = json.loads(io.read_text(RunDir(cfg.save_dir).result))
+    return TrainResult(**result)
 
 
 STAGE_TASKS = {name: _stage_task(name) for name in STAGES}
@@ -427,6 +463,7 @@ def xdpx_pipeline(
     record: bool = True,
     push: bool = False,
     git_remote: str = "origin",
+    train_nproc: int = 1,
 ) -> dict[str, dict]:
     """Run every stage in DAG order with ``params`` plus ``section.key=value`` overrides.
 
@@ -462,6 +499,10 @@ def xdpx_pipeline(
             fails fails the flow run, naming the remotes, with the run on local disk,
             recorded, and named by ``LATEST``.
         git_remote: the git remote ``push`` sends the experiment's ref to.
+        train_nproc: train (and ``pretrain``) as this many DDP processes on the worker
+            (``torchrun --nproc-per-node``: one per GPU, NCCL; gloo on CPU); the other
+            stages run once, in the flow. 1: in the flow's process. With more, the progress
+            artifact is set when training ends (the evaluations happen in the processes).
 
     Returns:
         stage name -> that stage's result as a dict.
@@ -503,13 +544,14 @@ def xdpx_pipeline(
         if name == "train" and pre is not None:
             results["pretrain"] = stage_task.with_options(
                 name="pretrain", task_run_name="pretrain"
-            )(pre)
+            )(pre, nproc=train_nproc)
             init = RunDir(pre.train.save_dir).pretrained
             cfg = cfg.model_copy(
                 update={"train": cfg.train.model_copy(update={"pretrained_model": init})}
             )
-        if name == "train" and run_dir is not None:
-            results[name] = stage_task(cfg, progress_key=_artifact_key("progress"))
+        if name == "train":
+            key = _artifact_key("progress") if run_dir is not None else None
+            results[name] = stage_task(cfg, progress_key=key, nproc=train_nproc)
         else:
             results[name] = stage_task(cfg)
     if run_dir is not None:
@@ -563,7 +605,9 @@ def with_dask(address: str | None = None, n_workers: int = 2) -> Any:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m flows.pipeline [--params params.yaml] [--dask ADDRESS|local:N] [--pretrain FILE] [section.key=value ...]``.
+    """``python -m flows.pipeline [--params params.yaml] [--dask ADDRESS|local:N] [--pretrain FILE] [--train-nproc N] [section.key=value ...]``.
+
+    ``--train-nproc N`` trains with N DDP processes (``train_nproc``; e.g. one per GPU).
 
     ``--pretrain params/pretrain-minilm.yaml`` runs that ``task: mlm`` config as a
     ``pretrain`` task before ``train``, which then fine-tunes its ``pretrained/``.
@@ -574,15 +618,17 @@ def main(argv: list[str] | None = None) -> None:
     when the config is bad or a stage fails (the Prefect logs hold the traceback).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    params, dask, pretrain = "params.yaml", None, None
-    while argv[:1] and argv[0] in ("--params", "-p", "--dask", "--pretrain"):
-        if len(argv) < 2:
+    params, dask, pretrain, nproc = "params.yaml", None, None, 1
+    while argv[:1] and argv[0] in ("--params", "-p", "--dask", "--pretrain", "--train-nproc"):
+        if len(argv) < 2 or (argv[0] == "--train-nproc" and not argv[1].isdigit()):
             print(f"error: {argv[0]} needs a value", file=sys.stderr)
             raise SystemExit(2)
         if argv[0] == "--dask":
             dask = argv[1]
         elif argv[0] == "--pretrain":
             pretrain = argv[1]
+        elif argv[0] == "--train-nproc":
+            nproc = int(argv[1])
         else:
             params = argv[1]
         argv = argv[2:]
@@ -592,7 +638,7 @@ def main(argv: list[str] | None = None) -> None:
         pipeline = with_dask(None if local else dask, int(dask[6:]) if local else 2)
         kw = {"prepro_tasks": True}
     try:
-        results = pipeline(params=params, overrides=list(argv), pretrain=pretrain, **kw)
+        results = pipeline(params=params, overrides=list(argv), pretrain=pretrain, train_nproc=nproc, **kw)  # fmt: skip
     except (ConfigError, StageError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

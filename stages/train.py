@@ -379,36 +379,82 @@ def write_pretrained(cfg: TrainConfig, meta: PreparedMeta) -> str:
     return run.pretrained
 
 
-def launch_torchrun(nproc: int, argv: list[str]) -> int:
-    """Re-run ``python -m stages.train argv`` under ``torchrun --standalone --nproc_per_node nproc``.
+def torchrun_command(
+    nproc: int,
+    argv: list[str],
+    nnodes: int = 1,
+    rdzv_endpoint: str | None = None,
+    rdzv_id: str = "xdpx",
+) -> list[str]:
+    """The ``torchrun`` command line that runs ``python -m stages.train argv`` with
+    ``nproc`` processes on this node: ``--standalone`` on one node; on ``nnodes`` > 1 the
+    c10d rendezvous at ``rdzv_endpoint`` (``host:port`` of one of the nodes, the same on
+    every node; the node that can bind it hosts the store) with the job id ``rdzv_id``, as
+    PyTorch's multi-node recipe launches it on each host. Global ranks come from the
+    rendezvous; rank 0 (on whichever node) alone writes the run directory.
+
+    Raises:
+        ValueError: ``nnodes`` > 1 without ``rdzv_endpoint``.
+    """
+    cmd = [sys.executable, "-m", "torch.distributed.run"]
+    if nnodes > 1:
+        if not rdzv_endpoint:
+            raise ValueError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)")  # fmt: skip
+        cmd += ["--nnodes", str(nnodes), "--rdzv-backend", "c10d"]
+        cmd += ["--rdzv-endpoint", rdzv_endpoint, "--rdzv-id", rdzv_id]
+    else:
+        cmd += ["--standalone"]
+    return cmd + ["--nproc-per-node", str(nproc), "-m", "stages.train", *argv]
+
+
+def launch_torchrun(nproc: int, argv: list[str], **nodes: Any) -> int:
+    """Re-run ``python -m stages.train argv`` under :func:`torchrun_command`.
 
     Returns:
         torchrun's exit status.
     """
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd += ["--nproc_per_node", str(nproc), "-m", "stages.train", *argv]
+    cmd = torchrun_command(nproc, argv, **nodes)
     log.info("launching %s", " ".join(cmd))
     return subprocess.call(cmd)
 
 
-def main(argv: list[str] | None = None) -> TrainResult | None:
-    """``python -m stages.train [--nproc N] [--params params.yaml] [train.key=value ...]``.
+def _pop_option(args: list[str], name: str, kind: type, example: str) -> Any:
+    """Remove ``name VALUE`` from ``args``; the value as ``kind``, or None when absent."""
+    if name not in args:
+        return None
+    i = args.index(name)
+    try:
+        value = kind(args[i + 1])
+    except (IndexError, ValueError):
+        print(f"error: {name} needs a value, e.g. {name} {example}", file=sys.stderr)
+        raise SystemExit(2) from None
+    del args[i : i + 2]
+    return value
 
-    ``--nproc N`` (N > 1) relaunches the same command under ``torchrun`` with
-    N processes (DDP; gloo on CPU, NCCL on CUDA) and exits with its status.
+
+def main(argv: list[str] | None = None) -> TrainResult | None:
+    """``python -m stages.train [--nproc N] [--nnodes M --rdzv-endpoint HOST:PORT
+    [--rdzv-id ID]] [--params params.yaml] [train.key=value ...]``.
+
+    ``--nproc N`` (N > 1) relaunches the same command under ``torchrun`` with N processes
+    (DDP; gloo on CPU, NCCL on CUDA) and exits with its status. ``--nnodes M`` (M > 1) makes
+    this one of M nodes: run the same command on each host, with the same
+    ``--rdzv-endpoint`` (one host's address and a free port) and ``--rdzv-id``
+    (:func:`torchrun_command`).
     """
     args = list(sys.argv[1:] if argv is None else argv)
-    if "--nproc" in args:
-        i = args.index("--nproc")
+    nproc = _pop_option(args, "--nproc", int, "2") or 1
+    nnodes = _pop_option(args, "--nnodes", int, "2") or 1
+    endpoint = _pop_option(args, "--rdzv-endpoint", str, "10.0.0.1:29400")
+    rdzv_id = _pop_option(args, "--rdzv-id", str, "run1") or "xdpx"
+    if (nproc > 1 or nnodes > 1) and "LOCAL_RANK" not in os.environ:
+        logging.basicConfig(level=logging.INFO)
         try:
-            nproc = int(args[i + 1])
-        except (IndexError, ValueError):
-            print("error: --nproc needs a process count, e.g. --nproc 2", file=sys.stderr)
+            nodes = {"nnodes": nnodes, "rdzv_endpoint": endpoint, "rdzv_id": rdzv_id}
+            raise SystemExit(launch_torchrun(nproc, args, **nodes))
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
             raise SystemExit(2) from None
-        del args[i : i + 2]
-        if nproc > 1 and "LOCAL_RANK" not in os.environ:
-            logging.basicConfig(level=logging.INFO)
-            raise SystemExit(launch_torchrun(nproc, args))
     return stage_main(
         "train",
         run,

@@ -227,6 +227,7 @@ def test_deployment_run_on_process_worker(server, client, store_bucket, tmp_path
             "record": True,
             "push": False,
             "git_remote": "origin",
+            "train_nproc": 1,
         }
         [schedule] = deployment.schedules
         assert (schedule.schedule.cron, schedule.active) == ("0 3 * * *", False)

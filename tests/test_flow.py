@@ -54,6 +54,20 @@ def test_flow_runs_all_stages(prefect_server, tmp_path, monkeypatch):
     assert results["export"]["parity"]["max_abs_diff"] <= 1e-4
 
 
+def test_flow_trains_with_two_processes_and_runs_the_other_stages_once(prefect_server, tmp_path, monkeypatch):  # fmt: skip
+    """train_nproc=2: train under torchrun (2 gloo processes), the rest in the flow."""
+    from flows.pipeline import STAGES, xdpx_pipeline
+
+    monkeypatch.chdir(tmp_path)
+    results = xdpx_pipeline(params="params.yaml", overrides=[*OVERRIDES, "train.threads=1"], train_nproc=2)  # fmt: skip
+    assert list(results) == list(STAGES)
+    run = tmp_path / "models/default"
+    assert json.loads((run / "repro.json").read_text())["world_size"] == 2
+    assert results["train"]["num_updates"] == json.loads((run / "result.json").read_text())["num_updates"] > 0  # fmt: skip
+    metrics = json.loads((tmp_path / "reports/metrics.json").read_text())
+    assert metrics["dev"]["accuracy"] == results["evaluate"]["metrics"]["dev"]["accuracy"] > 0.5
+
+
 def test_flow_rejects_bad_override_before_running(prefect_server, tmp_path, monkeypatch):
     from flows.pipeline import xdpx_pipeline
     from xdpx.config import ConfigError

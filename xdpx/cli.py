@@ -71,6 +71,7 @@ _STAGE_COMMANDS = {  # stage (stages.registry.STAGES) -> (command, one-line help
         "xdpx train train.learning_rate=3e-4", "xdpx train my_train.yaml --dry",
         "xdpx train model=textcnn learning_rate=1e-3 auto_suffix=true",
         "xdpx train --nproc 2 batch_size=32", "xdpx train sweep.yaml   # with grid: ...",
+        "xdpx train --nnodes 2 --nproc 8 --rdzv-endpoint 10.0.0.1:29400 --rdzv-id run7   # on each of 2 hosts",
         "xdpx train params/pretrain-minilm.yaml   # task: mlm, continual pretraining"]),
     "evaluate": ("eval", "Metrics of a checkpoint (a path, `<run>/<best>` or `<run>/<last>`) on prepared splits.", [
         "xdpx eval", "xdpx eval checkpoint='models/default/<last>' splits=[test]"]),
@@ -106,11 +107,17 @@ def _add_stage(name: str, command: str, summary: str, examples: list[str]) -> No
         args: list[str] = typer.Argument(None, metavar="[CONFIG.yaml] [KEY=VALUE]...", help=_ARGS_HELP),
         params: str = typer.Option("params.yaml", "--params", "-p", help="Params file used when no CONFIG is given."),
         dry: bool = typer.Option(False, "--dry", help="Print the resolved config (* = non-default) and exit; touches nothing."),
-        nproc: int = typer.Option(1, "--nproc", min=1, help="Processes (DDP via torchrun: gloo on CPU, NCCL on CUDA)."),
+        nproc: int = typer.Option(1, "--nproc", min=1, help="Processes on this node (DDP via torchrun: gloo on CPU, NCCL on CUDA)."),
+        nnodes: int = typer.Option(1, "--nnodes", min=1, help="Nodes (hosts) of the run: start the same command on each, with the same --rdzv-endpoint and --rdzv-id."),
+        rdzv_endpoint: str = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT of one node (a free port) where the nodes meet (torchrun's c10d rendezvous)."),
+        rdzv_id: str = typer.Option("xdpx", "--rdzv-id", help="Job id of the rendezvous: the same on every node, new for each run."),
     ) -> None:  # fmt: skip
         argv = [*(args or []), "--params", params] + (["--dry"] if dry else [])
         if nproc > 1:
             argv += ["--nproc", str(nproc)]
+        if nnodes > 1:
+            argv += ["--nnodes", str(nnodes), "--rdzv-id", rdzv_id]
+            argv += ["--rdzv-endpoint", rdzv_endpoint] if rdzv_endpoint else []
         STAGES["train"].main(argv)
 
     fn = train_cmd if name == "train" else cmd
