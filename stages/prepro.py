@@ -259,7 +259,8 @@ def resolve_conflicts(
     before anything is swapped in), ``error`` raises.
 
     Returns:
-        the ``meta.json`` ``conflicts`` entry; None when no split has labels.
+        the ``meta.json`` ``conflicts`` entry; None when no split has labels or with
+        ``conflicts: off`` (no row was recorded).
 
     Raises:
         DataError: ``conflicts: error`` and a conflict, naming the first file:line pairs.

@@ -85,6 +85,9 @@ def test_conflicting_labels_are_reported_kept_dropped_or_refused(raw, tmp_path):
     assert len(split) == n_train - 2 and sum(meta["splits"]["train"]["label_counts"]) == len(split)
     assert sorted(split.ids.tolist()) == list(range(len(split)))  # ids renumbered
 
+    meta = _prepro(raw, tmp_path / "off", conflicts="off")  # not looked for: nothing recorded
+    assert meta["conflicts"] is None and meta["splits"]["train"]["rows"] == n_train + 1
+
     with pytest.raises(DataError, match=r"2 text\(s\) under two labels \(1 within train, 1 in train and dev\).*train\.tsv:11"):  # fmt: skip
         _prepro(raw, tmp_path / "error", conflicts="error")
     assert not (tmp_path / "error").exists()

@@ -151,11 +151,12 @@ class PreproConfig(_Section):
         "text: error = a bad line naming file:line and the character (skipped with "
         "skip_bad_lines); strip = removed, the lines counted in meta.json.",
     )
-    conflicts: Literal["keep", "drop", "error"] = Field(
+    conflicts: Literal["keep", "drop", "error", "off"] = Field(
         "keep",
         description="One text under two labels (in a split, or in train and dev/test): "
         "keep = kept and reported (log WARN, meta.json conflicts); drop = every row of such a "
-        "text removed from every split; error = fail naming the first file:line pairs.",
+        "text removed from every split; error = fail naming the first file:line pairs; off = "
+        "not looked for (the check holds 20 bytes a labelled row in memory).",
     )
     shard_size: int = Field(50_000, ge=1, description="Rows per Parquet shard.")
     workers: int = Field(

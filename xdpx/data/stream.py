@@ -440,7 +440,7 @@ def encode_file(
             out.control_stripped += chunk.control_stripped
             out.has_labels = chunk.labels is not None
             if len(chunk):
-                if out.has_labels:
+                if out.has_labels and cfg.conflicts != "off":
                     hashes.append(text_hashes(chunk.texts, chunk.texts2))
                     lines.append(np.asarray(chunk.line_numbers, dtype=np.int64))
                 yield spec, chunk.texts, chunk.texts2, chunk.labels
@@ -453,12 +453,12 @@ def encode_file(
             out.truncated += enc.truncated
             labelled = enc.labels[enc.labels >= 0]
             counts += np.bincount(labelled, minlength=len(counts))[: len(counts)]
-            if out.has_labels:
+            if out.has_labels and cfg.conflicts != "off":
                 labels.append(enc.labels)
             bar.update(len(enc.labels))
     out.shard_rows = writer.close()
     out.label_counts = counts.tolist()
-    if out.has_labels:
+    if out.has_labels and cfg.conflicts != "off":
         out.row_hashes = np.concatenate(hashes) if hashes else np.zeros(0, np.uint64)
         out.row_lines = np.concatenate(lines) if lines else np.zeros(0, np.int64)
         out.row_labels = np.concatenate(labels) if labels else np.zeros(0, np.int32)
