@@ -77,9 +77,12 @@ def _conflicting(hashes: np.ndarray, labels: np.ndarray) -> np.ndarray:
     """The sorted hashes that occur with two or more distinct labels."""
     if not len(hashes):
         return np.zeros(0, np.uint64)
-    pairs = np.unique(np.stack([hashes, labels.astype(np.uint64)], axis=1), axis=0)
-    h, counts = np.unique(pairs[:, 0], return_counts=True)
-    return h[counts > 1]
+    order = np.lexsort((labels, hashes))  # by hash, then label
+    h, y = hashes[order], labels[order]
+    first = np.ones(len(h), dtype=bool)  # the first row of each distinct (hash, label)
+    first[1:] = (h[1:] != h[:-1]) | (y[1:] != y[:-1])
+    distinct = h[first]
+    return np.unique(distinct[1:][distinct[1:] == distinct[:-1]])
 
 
 def find_conflicts(pieces: Sequence[Any], labels: Sequence[str]) -> Conflicts:
