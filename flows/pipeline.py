@@ -24,7 +24,7 @@ Run locally on Prefect's embedded (ephemeral) server, nothing to start::
     python -m flows.pipeline                              # params.yaml
     python -m flows.pipeline fetch.limit=2000 train.max_epoch=2
 
-Scheduled runs on work pools: see ``prefect.yaml`` and the README
+Scheduled runs on work pools: see ``prefect.yaml`` and docs/scheduling.md
 ("Scheduling with Prefect").
 """
 

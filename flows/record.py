@@ -309,7 +309,7 @@ def remote_of(git_remote: str, root: str | Path = ".") -> Remote:
     if not name or not url:
         raise RecordError(
             "push: no default DVC remote (dvc remote add -d storage oss://BUCKET/PATH; "
-            "README, 'DVC remotes')"
+            "docs/remote-storage.md, 'DVC remotes')"
         )
     return Remote(git_remote=git_remote, git_url=git_url, dvc_remote=name, dvc_url=url)
 

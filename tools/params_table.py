@@ -1,6 +1,7 @@
-"""Print the README's parameter table, generated from the pydantic models in xdpx/config.py.
+"""Print the parameter reference, generated from the pydantic models in xdpx/config.py.
 
-Usage: ``python tools/params_table.py`` (tests/test_readme.py checks the README holds its output).
+Usage: ``python tools/params_table.py``; the documentation site's reference page is this
+output (docs/hooks.py inserts it at build time; tests/test_docs.py checks it covers params.yaml).
 """
 
 from __future__ import annotations

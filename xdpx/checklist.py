@@ -85,8 +85,8 @@ class Check:
 #: Usual peak learning rates of AdamW per model family: ``(low, high, source)``. Outside
 #: ``[low, high]`` the ``learning_rate`` check warns.
 LR_RANGES: dict[str, tuple[float, float, str]] = {
-    "ngram_lr": (1e-3, 1e-1, "AdamW on a linear model; xdpx's default 1e-2 was chosen on dev over 10 splits (README)"),
-    "match_ngram": (1e-3, 1e-1, "AdamW on a linear model; xdpx's default 1e-2 (README)"),
+    "ngram_lr": (1e-3, 1e-1, "AdamW on a linear model; xdpx's default 1e-2 was chosen on dev over 10 splits (docs/benchmark-suite.md)"),
+    "match_ngram": (1e-3, 1e-1, "AdamW on a linear model; xdpx's default 1e-2 (docs/benchmark-suite.md)"),
     "textcnn": (1e-4, 1e-2, "Adam's default 1e-3 (Kingma & Ba 2015), used for TextCNN/BiLSTM classifiers"),
     "bilstm": (1e-4, 1e-2, "Adam's default 1e-3 (Kingma & Ba 2015)"),
     "match_esim": (1e-4, 1e-2, "ESIM trains with Adam at 4e-4 (Chen et al. 2017)"),

@@ -215,7 +215,7 @@ class TrainConfig(_Section):
     task: Literal["classification", "mlm"] = Field(
         "classification",
         description="classification (labels) or mlm: masked-language-model training of "
-        'model=hf_mlm on the split\'s texts, labels unused (README "Pretraining").',
+        "model=hf_mlm on the split's texts, labels unused (docs/pretraining-and-cv.md).",
     )
     mlm_probability: float = Field(
         0.15,

@@ -124,7 +124,8 @@ def run_checks(
     checklist (:func:`xdpx.checklist.run_checklist`) when the prepared data exists.
 
     Args:
-        params_file / overrides: the config (``key=value`` overrides as on the command line).
+        params_file: the params file.
+        overrides: ``key=value`` overrides as on the command line.
         fast: the checklist's fast subset only (what ``train.preflight_doctor`` runs).
         on_check: called with each finding as it is made (progress output).
 

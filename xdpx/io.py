@@ -429,7 +429,7 @@ def _check_url(path: str) -> None:
             raise ValueError(
                 f"{protocol}://***@{netloc.rsplit('@', 1)[1]}/...: credentials in a URL are refused "
                 "(they would end up in params dumps and logs); set them in the environment or "
-                "a profile file (see the README, 'Remote paths')"
+                "a profile file (see docs/remote-storage.md, 'Remote paths')"
             )
 
 

@@ -12,8 +12,8 @@ from xdpx import log as xlog
 from xdpx.distill import distill_loss
 
 #: ``class_weight: auto`` weights the classes when the largest train class has at least this
-#: many times the samples of the smallest (chosen on the suite's dev splits: README
-#: "Benchmark suite").
+#: many times the samples of the smallest (chosen on the suite's dev splits:
+#: docs/benchmark-suite.md).
 IMBALANCE_RATIO = 3.0
 
 

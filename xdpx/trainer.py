@@ -86,9 +86,11 @@ class Trainer:
             ``(input_ids, input_ids2)`` tuples for a pair model (``xdpx.inference.as_samples``);
             or a :class:`~xdpx.data.lazy.TrainData` (``LazyData``: read shard by shard).
         train_labels: ``[n]`` class indices (None with a ``TrainData``).
-        valid_seqs / valid_labels: validation split (None: no evaluation, best = last);
-            or a :class:`~xdpx.data.lazy.LazySplit` (scored shard by shard) and None.
-        model_name / model_config: saved in each checkpoint's config.json.
+        valid_seqs: validation samples (None: no evaluation, best = last), or a
+            :class:`~xdpx.data.lazy.LazySplit` (scored shard by shard).
+        valid_labels: ``[n]`` their class indices (None with a ``LazySplit``).
+        model_name: the model's name, saved in each checkpoint's config.json.
+        model_config: its constructor arguments, saved there too.
         assets_dir: prepared data dir (vocab/target map/meta copied into checkpoints).
         pad_id: padding id.
         on_eval: called as ``on_eval(EvalEvent)`` after each dev evaluation, once its

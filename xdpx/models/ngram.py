@@ -140,7 +140,7 @@ class NgramLR(nn.Module):
 
     #: ``train.learning_rate: null`` means this (the demo's setting, chosen on dev).
     default_learning_rate = 1e-2
-    #: ``train.loss: auto`` means this: the linear SVM's loss (README "Benchmark suite").
+    #: ``train.loss: auto`` means this: the linear SVM's loss (docs/benchmark-suite.md).
     default_loss = "squared_hinge"
     #: tables whose gradients are sparse under ``train.optimizer: lazy_adamw``
     #: (``xdpx.optim.build_optimizer`` sets :attr:`sparse_grad`)
@@ -454,8 +454,7 @@ class NgramLR(nn.Module):
         ``text * (F + 1) + row``, not every slot of ``[batch, num_slots]`` with the padding),
         and the weights and idf are gathered for those only: the sort (ONNX ``TopK``) is a
         third of onnxruntime's time at batch 64. Per-class 1-D scatter-adds avoid a
-        broadcast ``[n, C]`` scatter, which onnxruntime runs slowly (README "Serving over
-        HTTP").
+        broadcast ``[n, C]`` scatter, which onnxruntime runs slowly (docs/serving.md).
         """
         group, buckets = self._flat_feature_ids(input_ids, groups=True)
         rows = self.feature_rows[buckets]  # int32, 0 = dropped
@@ -596,7 +595,7 @@ class MatchNgram(NgramLR):
     sparse_grad_tables = ("weight", "weight_prod")
     #: ``train.loss: auto``: the logistic loss of the pair peer (LR over the same features);
     #: on STS-B re-split 3 times from train + dev (1,500 dev pairs each), mean dev accuracy
-    #: 77.82 vs 77.49 with squared hinge (README "The benchmark suite").
+    #: 77.82 vs 77.49 with squared hinge (docs/benchmark-suite.md).
     default_loss = "cross_entropy"
 
     def _build_tables(self, rows: int) -> None:
