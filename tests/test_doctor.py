@@ -182,7 +182,7 @@ def test_c_learning_rate_far_above_the_family_range(real_subset, model, lr):
     check = found["learning_rate"]
     assert check.status == "warn"
     assert f"train.learning_rate={lr:.3g} is above the usual range" in check.detail
-    assert "Kingma & Ba" in check.detail or "README" in check.detail  # the source
+    assert "Kingma & Ba" in check.detail or "docs/benchmark-suite.md" in check.detail  # the source
 
 
 def test_d_shuffling_off(real_subset, monkeypatch):
