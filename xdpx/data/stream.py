@@ -318,6 +318,7 @@ class _Encoded:
     labels: np.ndarray  # int32 [n], NO_LABEL where unlabelled
     max_seen: int
     truncated: int
+    hashes: np.ndarray | None = None  # uint64 [n] text hashes of a labelled chunk (conflicts)
 
 
 def _flat(seqs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -346,7 +347,10 @@ def _encode_chunk(
         else encoder.encode_labels(labels).astype(np.int32)
     )
     truncated = sum(n > encoder.max_len for n in longest)
-    return _Encoded(values, offsets, values2, offsets2, y, max(longest, default=0), truncated)
+    hashes = None  # hashed here, in the worker, when prepro.conflicts looks for them
+    if labels is not None and spec.prepro.get("conflicts") != "off":
+        hashes = text_hashes(texts, texts2)
+    return _Encoded(values, offsets, values2, offsets2, y, max(longest, default=0), truncated, hashes)  # fmt: skip
 
 
 class _ShardWriter:
@@ -429,6 +433,7 @@ def encode_file(
     allowed = set(spec.labels)
     writer = _ShardWriter(out_dir, split, file_index, cfg.shard_size, spec.pair_columns)
     counts = np.zeros(len(spec.labels), dtype=np.int64)
+    record = cfg.conflicts != "off"  # the row records of xdpx.data.conflicts
     hashes: list[np.ndarray] = []
     lines: list[np.ndarray] = []
     labels: list[np.ndarray] = []
@@ -440,8 +445,7 @@ def encode_file(
             out.control_stripped += chunk.control_stripped
             out.has_labels = chunk.labels is not None
             if len(chunk):
-                if out.has_labels and cfg.conflicts != "off":
-                    hashes.append(text_hashes(chunk.texts, chunk.texts2))
+                if record and out.has_labels:
                     lines.append(np.asarray(chunk.line_numbers, dtype=np.int64))
                 yield spec, chunk.texts, chunk.texts2, chunk.labels
 
@@ -453,12 +457,13 @@ def encode_file(
             out.truncated += enc.truncated
             labelled = enc.labels[enc.labels >= 0]
             counts += np.bincount(labelled, minlength=len(counts))[: len(counts)]
-            if out.has_labels and cfg.conflicts != "off":
+            if enc.hashes is not None:
+                hashes.append(enc.hashes)
                 labels.append(enc.labels)
             bar.update(len(enc.labels))
     out.shard_rows = writer.close()
     out.label_counts = counts.tolist()
-    if out.has_labels and cfg.conflicts != "off":
+    if record and out.has_labels:
         out.row_hashes = np.concatenate(hashes) if hashes else np.zeros(0, np.uint64)
         out.row_lines = np.concatenate(lines) if lines else np.zeros(0, np.int64)
         out.row_labels = np.concatenate(labels) if labels else np.zeros(0, np.int32)
