@@ -170,16 +170,14 @@ def _stage_task(name: str):
 
 def _train_under_torchrun(cfg: Any, nproc: int) -> Any:
     """Run the train stage with ``cfg`` as ``nproc`` DDP processes on this node (the same
-    ``torchrun`` that ``xdpx train --nproc`` starts: :func:`stages.train.torchrun_command`),
+    ``torchrun`` that ``xdpx train --nproc`` starts: :func:`stages.train.launch_torchrun`),
     the resolved train section handed over in a temporary params file; the result is read
     back from the run's ``result.json``.
 
     Raises:
         RuntimeError: torchrun exited non-zero (its output is in the worker's log).
     """
-    import subprocess
-
-    from stages.train import torchrun_command
+    from stages.train import launch_torchrun
     from xdpx import io
     from xdpx.config import dump_yaml
     from xdpx.trainer import TrainResult
@@ -188,9 +186,8 @@ def _train_under_torchrun(cfg: Any, nproc: int) -> Any:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(dump_yaml({"train": cfg.model_dump(mode="json")}))
-        cmd = torchrun_command(nproc, ["--params", path])
-        get_run_logger().info("train: %d processes: %s", nproc, " ".join(cmd))
-        status = subprocess.call(cmd)
+        get_run_logger().info("train: %d processes under torchrun", nproc)
+        status = launch_torchrun(nproc, ["--params", path])
     finally:
         os.unlink(path)
     if status != 0:
