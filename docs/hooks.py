@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -28,8 +27,6 @@ def _cli_help() -> str:
 
     from xdpx.cli import app
 
-    os.environ.setdefault("COLUMNS", "100")
-    os.environ["NO_COLOR"] = "1"
     group = typer.main.get_command(app)
     out = []
     runner = CliRunner()
