@@ -109,18 +109,41 @@ class _Collector:
             result.labels = []
 
     def add(self, line: int, record: dict[str, Any], raw: dict[str, str]) -> None:
+        """Validate one record (column -> value) and append it (``raw`` kept as the row)."""
         cfg = self.cfg
-        text, stripped = self._clean(self._text(record, cfg.text_column, "text"), cfg.text_column)
-        text2 = None
+        get = record.get
+        self._accept(
+            line,
+            get(cfg.text_column) if cfg.text_column else None,
+            get(cfg.text2_column) if cfg.text2_column else None,
+            get(cfg.label_column) if self.has_label else None,
+            raw,
+        )
+
+    def add_fields(self, line: int, fields: list[str], at: tuple[int, int, int]) -> None:
+        """:meth:`add` of a tsv/csv record with the file's columns, without building a dict:
+        ``at`` = the positions of the text, text2 and label columns (-1: none)."""
+        text_at, text2_at, label_at = at
+        self._accept(
+            line,
+            fields[text_at],
+            fields[text2_at] if text2_at >= 0 else None,
+            fields[label_at] if label_at >= 0 else None,
+            None,
+        )
+
+    def _accept(
+        self, line: int, text: Any, text2: Any, label: Any, raw: dict[str, str] | None
+    ) -> None:
+        cfg = self.cfg
+        text, stripped = self._clean(self._text(text, cfg.text_column, "text"), cfg.text_column)
         if cfg.text2_column:
-            text2, stripped2 = self._clean(self._text(record, cfg.text2_column, "text"), cfg.text2_column)  # fmt: skip
+            text2, stripped2 = self._clean(self._text(text2, cfg.text2_column, "text"), cfg.text2_column)  # fmt: skip
             stripped = stripped or stripped2
-        label = None
         if self.has_label:
-            value = record.get(cfg.label_column)
-            if value is None:
+            if label is None:
                 raise _LineError(f"missing label (column {cfg.label_column!r})")
-            label = _as_str(value, cfg.label_column).strip()
+            label = _as_str(label, cfg.label_column).strip()
             if not label:
                 raise _LineError(f"empty label (column {cfg.label_column!r})")
             if self.allowed_labels is not None and label not in self.allowed_labels:
@@ -132,6 +155,7 @@ class _Collector:
         r = self.result
         r.control_stripped += stripped
         if self.keep_rows:
+            assert raw is not None
             r.rows.append(raw)
         r.texts.append(text)
         if r.texts2 is not None:
@@ -159,8 +183,7 @@ class _Collector:
         return cleaned, True
 
     @staticmethod
-    def _text(record: dict[str, Any], column: str | None, what: str) -> str:
-        value = record.get(column) if column else None
+    def _text(value: Any, column: str | None, what: str) -> str:
         if value is None:
             raise _LineError(f"missing {what} (column {column!r})")
         text = _as_str(value, column).strip()
@@ -220,12 +243,14 @@ def _default_columns(cfg: PreproConfig, with_label: bool) -> list[str]:
     return cols + [cfg.label_column] if with_label else cols
 
 
-def _delimited_records(path: str, cfg: PreproConfig) -> Iterator[tuple[int, list[str] | None, str]]:
-    """Yield ``(line, fields, error)`` for each non-empty tsv/csv record.
+def _delimited_records(
+    lines: Iterator[str], cfg: PreproConfig
+) -> Iterator[tuple[int, list[str] | None, str]]:
+    """Yield ``(line, fields, error)`` for each non-empty tsv/csv record of ``lines`` (the
+    file's lines, :func:`_open_lines`; a tsv record takes exactly one of them).
 
     ``fields`` is None when the record could not be parsed (``error`` says why).
     """
-    lines = _open_lines(path)
     if cfg.format == "tsv":
         for i, line in enumerate(lines, start=1):
             line = _strip_eol(line)
@@ -295,20 +320,24 @@ def _read_delimited(
     out: _Chunks,
 ) -> Iterator[ReadResult]:
     kind = "tab-separated" if cfg.format == "tsv" else "comma-separated"
-    records = _delimited_records(path, cfg)
+    lines = _open_lines(path)
+    records = _delimited_records(lines, cfg)
     collector: _Collector | None = None
     columns: list[str] | None = None
     if cfg.header:
         first = next(records, None)
         if first is None:
             raise DataError(f"{path}: empty file, expected a header row (prepro.header=true)")
-        _, header, error = first
+        header_line, header, error = first
         if header is None:
             raise DataError(f"{path}:1: bad header row: {error}")
         header = [h.strip() for h in header]
         has_label = _check_header(path, header, cfg, require_label)
         columns = out.columns = header
         collector = out.collector_for(has_label, require_label, allowed_labels)
+    if cfg.format == "tsv" and columns is not None and collector is not None:
+        yield from _read_tsv_rest(lines, header_line + 1, columns, collector, out)
+        return
     for line, fields, error in records:
         try:
             if fields is None:
@@ -339,6 +368,59 @@ def _read_delimited(
         if out.full():
             yield out.take()
     out.columns = list(columns or _default_columns(cfg, require_label))
+
+
+def _read_tsv_rest(
+    lines: Iterator[str],
+    start: int,
+    columns: list[str],
+    collector: _Collector,
+    out: _Chunks,
+) -> Iterator[ReadResult]:
+    """The rest of :func:`_read_delimited` for a tsv file with a header, from its line
+    ``start``: the same checks and messages, the fields passed by position
+    (:meth:`_Collector.add_fields`). A row of one text and a label that passes every check
+    (the usual row) is appended here, without a call per field."""
+    cfg = collector.cfg
+    n, named = len(columns), ", ".join(columns)
+    at = (
+        columns.index(cfg.text_column),
+        columns.index(cfg.text2_column) if cfg.text2_column else -1,
+        columns.index(cfg.label_column) if collector.has_label else -1,
+    )
+    text_at, _, label_at = at
+    plain = at[1] < 0 and label_at >= 0 and not out.keep_rows  # text + label: the short way
+    allowed, control, chunk_rows = collector.allowed_labels, CONTROL_CHARS.search, out.chunk_rows
+    r = out.current
+    for line, raw in enumerate(lines, start):
+        row = raw.rstrip("\r\n")
+        if not row:
+            continue
+        fields = row.split("\t")
+        if plain and len(fields) == n:
+            text, label = fields[text_at].strip(), fields[label_at].strip()
+            if text and label and (allowed is None or label in allowed) and not control(text):
+                r.texts.append(text)
+                r.labels.append(label)  # type: ignore[union-attr]
+                r.line_numbers.append(line)
+                if len(r.texts) >= chunk_rows:
+                    yield out.take()
+                    r = out.current
+                continue
+        try:
+            if len(fields) != n:
+                raise _LineError(f"expected {n} tab-separated columns ({named}), got {len(fields)}")
+            if out.keep_rows:
+                record = dict(zip(columns, fields, strict=True))
+                collector.add(line, record, record)
+            else:
+                collector.add_fields(line, fields, at)
+        except _LineError as e:
+            out.on_bad(line, str(e))
+        if len(out.current.texts) >= chunk_rows:
+            yield out.take()
+            r = out.current
+    out.columns = list(columns)
 
 
 def _read_jsonl(
