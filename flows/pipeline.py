@@ -412,8 +412,9 @@ def _point_latest(runs_root: str, run_dir: str) -> None:
     retry_condition_fn=_retry_on_remote_io,
 )
 def prepro_file(job: Any) -> Any:
-    """One raw file's pass of prepro (``stages.prepro.CountJob`` / ``EncodeJob``), run
-    wherever the flow's task runner puts it (a Dask worker: its chunks in that process)."""
+    """One raw file's pass of prepro (a ``stages.prepro`` ``CountJob``, ``TokenizeJob``,
+    ``RemapJob`` or ``EncodeJob``), run wherever the flow's task runner puts it (a Dask
+    worker: its chunks in that process)."""
     from stages.prepro import do_job
 
     try:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel
 
 from xdpx import io, preflight
@@ -43,6 +44,8 @@ from xdpx.data.stream import (
     count_file,
     encode_file,
     expand_sources,
+    remap_file,
+    tokenize_file,
     worker_pool,
 )
 from xdpx.data.transliterate import make_transliterator
@@ -100,8 +103,8 @@ def resolve_tokenizer(cfg: PreproConfig, train_files: list[str]) -> tuple[str, f
 
 
 def needs_counts(cfg: PreproConfig, tokenizer: str) -> str | None:
-    """The tokenizer whose tokens the counting pass must count (None: the vocab is given
-    or is the hf tokenizer's); see :func:`build_spec`."""
+    """The tokenizer whose tokens prepro counts for the vocab, tokenizing the train files
+    once (:class:`TokenizeJob`); None: the vocab is given or is the hf tokenizer's."""
     return None if cfg.vocab_file or tokenizer == "hf" else tokenizer
 
 
@@ -332,17 +335,55 @@ def building(cfg: PreproConfig) -> Iterator[str]:
 
 @dataclass(frozen=True)
 class CountJob:
-    """The counting pass over one train file (:func:`xdpx.data.stream.count_file`)."""
+    """A pass over one train file counting its labels (:func:`xdpx.data.stream.count_file`)."""
 
     path: str
     cfg: PreproConfig
-    tokenizer: str | None
     allowed_labels: frozenset[str] | None
 
     @property
     def label(self) -> str:
         """``count <file>`` (task run names)."""
         return f"count {self.path.rsplit('/', 1)[-1]}"
+
+
+@dataclass(frozen=True)
+class TokenizeJob:
+    """The one pass over a train file when the vocab is built from the data
+    (:func:`xdpx.data.stream.tokenize_file`)."""
+
+    path: str
+    file_index: int
+    cfg: PreproConfig
+    tokenizer: str
+    out_dir: str
+    allowed_labels: frozenset[str] | None
+
+    @property
+    def label(self) -> str:
+        """``tokenize <file>`` (task run names)."""
+        return f"tokenize {self.path.rsplit('/', 1)[-1]}"
+
+
+@dataclass(frozen=True, eq=False)
+class RemapJob:
+    """A tokenized train file's shards rewritten with the vocab's ids
+    (:func:`xdpx.data.stream.remap_file`)."""
+
+    piece: FileShards
+    token_ids: Any  # np.ndarray int32 [len(piece.tokens)]
+    labels: list[str]
+    out_dir: str
+
+    @property
+    def path(self) -> str:
+        """The raw file."""
+        return self.piece.source
+
+    @property
+    def label(self) -> str:
+        """``remap <file>`` (task run names)."""
+        return f"remap {self.path.rsplit('/', 1)[-1]}"
 
 
 @dataclass(frozen=True)
@@ -365,12 +406,19 @@ class EncodeJob:
 #: ``mapper(jobs) -> results`` in the order of ``jobs``: how the per-file work is run.
 Mapper = Callable[[list[Any]], list[Any]]
 
+Job = CountJob | TokenizeJob | RemapJob | EncodeJob
 
-def do_job(job: CountJob | EncodeJob, pool: Any = None) -> FileCounts | FileShards:
+
+def do_job(job: Job, pool: Any = None) -> FileCounts | FileShards:
     """Run one per-file job (in this process, chunks tokenized in ``pool`` if given)."""
+    allowed = getattr(job, "allowed_labels", None)
+    allowed = set(allowed) if allowed is not None else None
     if isinstance(job, CountJob):
-        allowed = set(job.allowed_labels) if job.allowed_labels is not None else None
-        return count_file(job.path, job.cfg, job.tokenizer, allowed, pool)
+        return count_file(job.path, job.cfg, allowed)
+    if isinstance(job, TokenizeJob):
+        return tokenize_file(job.path, job.file_index, job.cfg, job.tokenizer, job.out_dir, allowed, pool)  # fmt: skip
+    if isinstance(job, RemapJob):
+        return remap_file(job.piece, job.token_ids, job.labels, job.out_dir)
     return encode_file(
         job.path, job.split, job.file_index, job.spec, job.cfg, job.out_dir,
         job.split == "train", pool,
@@ -381,14 +429,19 @@ def do_job(job: CountJob | EncodeJob, pool: Any = None) -> FileCounts | FileShar
 def run(cfg: PreproConfig, mapper: Mapper | None = None) -> PreproResult:
     """Prepare every split of ``cfg.data_files``; see the module docstring for the outputs.
 
-    Streams: a counting pass over the train files (target map, vocab), then an encoding
-    pass over every file, each a chunk of ``chunk_rows`` rows at a time (:mod:`xdpx.data.stream`);
-    memory does not grow with the corpus.
+    Streams, a chunk of ``chunk_rows`` rows at a time (:mod:`xdpx.data.stream`), so memory
+    does not grow with the corpus. When the vocab is built from the data, each train file
+    is read and tokenized once (:class:`TokenizeJob`: its tokens counted, its shards
+    written with ids into the file's own token list), then the vocab and target map are
+    built from the counts, the train shards' ids rewritten (:class:`RemapJob`) and the
+    other splits encoded (:class:`EncodeJob`). With a given vocab (``vocab_file``,
+    ``hf``), a pass over the train files counts the labels (:class:`CountJob`, unless
+    ``target_map_file``) and every file is encoded.
 
     Args:
         cfg: the prepro section.
-        mapper: runs the per-file jobs (:class:`CountJob`, :class:`EncodeJob`) and returns
-            their results in order; default :func:`local_map` over a pool of
+        mapper: runs the per-file jobs (:class:`CountJob`, :class:`TokenizeJob`,
+            :class:`RemapJob`, :class:`EncodeJob`) and returns their results in order; default :func:`local_map` over a pool of
             ``cfg.workers`` processes. The Prefect flow passes one that maps them as task
             runs.
 
@@ -422,25 +475,40 @@ def _run(cfg: PreproConfig, mapper: Mapper) -> PreproResult:
     cfg = preflight.check_prepro(cfg)
     sources = expand_sources(cfg)
     tokenizer, fraction = resolve_tokenizer(cfg, sources["train"])
-    count_tokens = needs_counts(cfg, tokenizer)
-    counts = None
-    if not (cfg.target_map_file and count_tokens is None):
-        fixed = (
-            frozenset(TargetMap.load(cfg.target_map_file).labels) if cfg.target_map_file else None
-        )
-        jobs = [CountJob(p, cfg, count_tokens, fixed) for p in sources["train"]]
-        counts = sum(mapper(jobs), FileCounts())
-    spec, vocab_lines = build_spec(cfg, tokenizer, counts)
-    log.info("vocab: %d ids; labels: %s", len(vocab_lines), spec.labels)
-    with building(cfg) as tmp:
-        pieces = mapper(
-            [
+    fixed = frozenset(TargetMap.load(cfg.target_map_file).labels) if cfg.target_map_file else None
+    if needs_counts(cfg, tokenizer) is None:  # the vocab is given: count labels, encode
+        counts = None
+        if not cfg.target_map_file:
+            counts = sum(mapper([CountJob(p, cfg, fixed) for p in sources["train"]]), FileCounts())
+        spec, vocab_lines = build_spec(cfg, tokenizer, counts)
+        log.info("vocab: %d ids; labels: %s", len(vocab_lines), spec.labels)
+        with building(cfg) as tmp:
+            encode = [
                 EncodeJob(path, split, i, spec, cfg, tmp)
                 for split, files in sources.items()
                 for i, path in enumerate(files)
             ]
+            return write_prepared(cfg, tmp, spec, vocab_lines, mapper(encode), fraction)
+    with building(cfg) as tmp:  # tokenize the train files once, count, remap their ids
+        train = mapper(
+            [TokenizeJob(p, i, cfg, tokenizer, tmp, fixed) for i, p in enumerate(sources["train"])]
         )
-        return write_prepared(cfg, tmp, spec, vocab_lines, pieces, fraction)
+        spec, vocab_lines = build_spec(cfg, tokenizer, FileCounts.of(train))
+        log.info("vocab: %d ids; labels: %s", len(vocab_lines), spec.labels)
+        vocab = Vocab(vocab_lines)
+        jobs: list[Job] = [
+            RemapJob(
+                train[i],
+                np.asarray(vocab.encode(train[i].tokens or []), np.int32),
+                spec.labels,
+                tmp,
+            )  # fmt: skip
+            if split == "train"
+            else EncodeJob(path, split, i, spec, cfg, tmp)
+            for split, files in sources.items()
+            for i, path in enumerate(files)
+        ]
+        return write_prepared(cfg, tmp, spec, vocab_lines, mapper(jobs), fraction)
 
 
 def main(argv: list[str] | None = None) -> PreproResult:

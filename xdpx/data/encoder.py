@@ -151,13 +151,35 @@ class Encoder:
             return out[0], lengths[0]
         if text2 is not None:
             raise ValueError("joint pair encoding needs tokenizer=hf; encode texts separately")
+        values, _, full = self.encode_flat([text])
+        return values, int(full[0])
+
+    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Ids of many texts, concatenated (char/word/whitespace; the Arrow list layout).
+
+        The texts are tokenized as a batch (:meth:`tokenize_batch` of the tokenizer: for
+        ``char`` without a Python step per character) and each distinct token is looked
+        up in the vocab once.
+
+        Returns:
+            ``(values, offsets, full)``: ``values`` int64, text ``i`` is
+            ``values[offsets[i]:offsets[i + 1]]`` (``1 .. max_len`` ids); ``offsets`` int32
+            ``[n + 1]``; ``full`` int32 ``[n]`` the lengths before truncation.
+
+        Raises:
+            ValueError: an hf encoder (use :meth:`encode_with_lengths`).
+        """
+        if self.is_hf:
+            raise ValueError("encode_flat is for char/word/whitespace encoders")
         assert self.vocab is not None
-        ids = self.vocab.encode(self.tokenize(text))
-        full = len(ids)
-        ids = ids[: self.max_len]
-        if not ids:
-            ids = [self.unk_id]
-        return np.asarray(ids, dtype=np.int64), full
+        batch = self.tokenizer.tokenize_batch(self.prepare(texts), self.max_len)  # type: ignore[union-attr]
+        ids = np.asarray(self.vocab.encode(batch.tokens), dtype=np.int64)
+        return batch.lookup(ids, self.unk_id), batch.offsets, batch.full
+
+    def _encode_split(self, texts: Sequence[str]) -> tuple[list[np.ndarray], list[int]]:
+        """:meth:`encode_flat` as one array per text, and the lengths as ints."""
+        values, offsets, full = self.encode_flat(texts)
+        return np.split(values, offsets[1:-1]) if len(texts) else [], full.tolist()
 
     def encode(self, texts: Sequence[str], texts2: Sequence[str] | None = None) -> list[np.ndarray]:
         """Encode a batch of texts into ``input_ids``.
@@ -185,7 +207,7 @@ class Encoder:
             return self._encode_hf(texts, texts2)[0]
         if self.is_hf:
             return self._encode_hf(texts)[0]
-        return [self.encode_one(t)[0] for t in texts]
+        return self._encode_split(texts)[0]
 
     def _encode_hf(
         self, texts: Sequence[str], texts2: Sequence[str] | None = None
@@ -235,12 +257,11 @@ class Encoder:
         if self.is_hf:  # one sequence per row, joint for pairs
             ids, full = self._encode_hf(texts, texts2)
             return ids, None, full, None
-        out = [self.encode_one(t) for t in texts]
-        ids, full = [o[0] for o in out], [o[1] for o in out]
+        ids, full = self._encode_split(texts)
         if texts2 is None:
             return ids, None, full, None
-        out2 = [self.encode_one(t) for t in texts2]
-        return ids, [o[0] for o in out2], full, [o[1] for o in out2]
+        ids2, full2 = self._encode_split(texts2)
+        return ids, ids2, full, full2
 
     def encode_labels(self, labels: Sequence[str]) -> np.ndarray:
         """``[n]`` int64 class indices.

@@ -5,10 +5,14 @@ whatever the corpus size. The work is split so it can be spread out:
 
 * :func:`expand_sources`: the raw files of each split (``data_files`` entries may be
   globs or lists; local or ``oss://`` / ``s3://``), in sorted order;
-* :func:`count_file`: the counting pass over one train file (labels for the target map,
-  tokens for the vocab);
-* :func:`encode_file`: the encoding pass over one file, writing
-  ``{split}/part-{file:05d}-{k:05d}.parquet`` shards under an output directory.
+* :func:`tokenize_file`: one pass over a train file when prepro builds the vocab: each
+  text is tokenized once, its tokens counted (for the vocab) and written as ids into the
+  file's own list of tokens (``{split}/part-{file:05d}-{k:05d}.parquet`` shards under an
+  output directory), then :func:`remap_file` rewrites those shards with the vocab's ids;
+* :func:`count_file`: a pass over one train file that counts labels only (the vocab is
+  given: ``vocab_file`` or ``hf``; the target map is not);
+* :func:`encode_file`: the encoding pass over one file (the other splits, or every split
+  with a given vocab), writing the same shards.
 
 ``stages.prepro`` runs these file by file with ``prepro.workers`` processes tokenizing
 chunks (:func:`ordered_map`: results in input order, so the output does not depend on the
@@ -40,7 +44,7 @@ from xdpx.data.conflicts import text_hashes
 from xdpx.data.encoder import Encoder
 from xdpx.data.readers import MAX_BAD_LINES, DataError, iter_examples
 from xdpx.data.shards import NO_LABEL, shard_schema
-from xdpx.data.tokenizers import HFTokenizer, make_tokenizer
+from xdpx.data.tokenizers import HFTokenizer, TokenBatch, make_tokenizer
 from xdpx.data.transliterate import make_transliterator
 from xdpx.data.vocab import TargetMap, Vocab
 
@@ -50,6 +54,8 @@ __all__ = [
     "FileShards",
     "count_file",
     "encode_file",
+    "remap_file",
+    "tokenize_file",
     "expand_sources",
     "file_shard_name",
     "ordered_map",
@@ -215,58 +221,36 @@ class FileCounts:
             tokens.update(other.tokens or {})
         return FileCounts(self.rows + other.rows, self.labels + other.labels, tokens)
 
+    @classmethod
+    def of(cls, pieces: list[FileShards]) -> FileCounts:
+        """The counts of train files passed by :func:`tokenize_file` (before
+        :func:`remap_file`): rows, labels and tokens summed in file order."""
+        out = cls(tokens=Counter())
+        assert out.tokens is not None
+        for p in pieces:
+            assert p.tokens is not None and p.token_counts is not None and p.label_names is not None
+            out.rows += p.rows
+            out.labels.update(dict(zip(p.label_names, p.label_counts, strict=True)))
+            out.tokens.update(dict(zip(p.tokens, p.token_counts.tolist(), strict=True)))
+        return out
 
-def _count_tokens(job: tuple[tuple[str, bool, str | None, str | None], list[str]]) -> Counter:
-    """Worker: token counts of a chunk of texts, tokenized as prepro's Encoder does."""
-    (name, lower, path, translit), texts = job
 
-    def build() -> tuple[Any, Any]:
-        return make_tokenizer(name, lower, path), make_transliterator(translit)
-
-    tokenizer, transliterate = _cached(("tok", name, lower, path, translit), build)
-    counts: Counter[str] = Counter()
-    for text in texts:
-        counts.update(tokenizer.tokenize(transliterate(text) if transliterate else text))
-    return counts
-
-
-def count_file(
-    path: str,
-    cfg: PreproConfig,
-    tokenizer: str | None,
-    allowed_labels: set[str] | None = None,
-    executor: Executor | None = None,
-) -> FileCounts:
-    """The counting pass over one train file: labels, and tokens with ``tokenizer``.
+def count_file(path: str, cfg: PreproConfig, allowed_labels: set[str] | None = None) -> FileCounts:
+    """A pass over one train file counting its labels (for the target map), when the vocab
+    is given (``vocab_file``, ``hf``) and prepro need not tokenize before encoding.
 
     Args:
         path: the raw file.
         cfg: the prepro section.
-        tokenizer: resolved tokenizer name whose tokens to count, or None (labels only).
         allowed_labels: a fixed target map's labels (``target_map_file``), else None.
-        executor: a :func:`worker_pool` to tokenize chunks in, or None.
 
     Raises:
         DataError: as :func:`~xdpx.data.readers.iter_examples`.
     """
-    out = FileCounts(tokens=Counter() if tokenizer else None)
-    key = (tokenizer, cfg.lower, cfg.tokenizer_path, cfg.transliterate)
-
-    def jobs() -> Iterator[tuple[Any, list[str]]]:
-        for chunk in iter_examples(path, cfg, True, allowed_labels, cfg.chunk_rows):
-            out.rows += len(chunk)
-            out.labels.update(chunk.labels or [])
-            yield key, chunk.texts + (chunk.texts2 or [])
-
-    if tokenizer is None:
-        for _ in jobs():
-            pass
-        return out
-    assert out.tokens is not None
-    with tqdm(desc=f"vocab {_name(path)}", unit="row", leave=False) as bar:
-        for counts in ordered_map(_count_tokens, jobs(), executor):
-            out.tokens.update(counts)
-            bar.update(out.rows - bar.n)
+    out = FileCounts()
+    for chunk in iter_examples(path, cfg, True, allowed_labels, cfg.chunk_rows):
+        out.rows += len(chunk)
+        out.labels.update(chunk.labels or [])
     return out
 
 
@@ -288,6 +272,10 @@ class FileShards:
         row_hashes, row_labels, row_lines: ``[rows]`` uint64 text hash
             (:func:`xdpx.data.conflicts.text_hashes`), int32 label id and int64 line of each
             row, for :func:`xdpx.data.conflicts.find_conflicts`; None for an unlabelled file.
+        tokens, token_counts, label_names: set by :func:`tokenize_file` until
+            :func:`remap_file`: the file's distinct tokens (the shards' ids index it; -1 is
+            the unknown token), int64 occurrences of each, and its labels (``label_counts``,
+            ``row_labels`` and the shards' labels index them); None otherwise.
     """
 
     split: str
@@ -305,6 +293,9 @@ class FileShards:
     row_hashes: np.ndarray | None = None
     row_labels: np.ndarray | None = None
     row_lines: np.ndarray | None = None
+    tokens: list[str] | None = None
+    token_counts: np.ndarray | None = None
+    label_names: list[str] | None = None
 
 
 @dataclass
@@ -335,28 +326,68 @@ def _encode_chunk(
     """Worker: encode one chunk (the encoder is built once per spec and process)."""
     spec, texts, texts2, labels = job
     encoder: Encoder = _cached(("encoder", spec.key), spec.build)
-    a, b, full, full2 = encoder.encode_with_lengths(texts, texts2 if encoder.pair else None)
-    longest = list(full)
-    if b is not None and full2 is not None:
-        longest = [max(x, y) for x, y in zip(full, full2, strict=True)]
-    values, offsets = _flat(a)
-    values2, offsets2 = _flat(b) if b is not None else (None, None)
+    if encoder.is_hf:
+        a, _, full_a, _ = encoder.encode_with_lengths(texts, texts2 if encoder.pair else None)
+        (values, offsets), second, full = _flat(a), None, np.asarray(full_a, dtype=np.int32)
+    else:
+        values, offsets, full = encoder.encode_flat(texts)
+        second = encoder.encode_flat(texts2) if texts2 is not None else None
     y = (
-        np.full(len(a), NO_LABEL, dtype=np.int32)
+        np.full(len(texts), NO_LABEL, dtype=np.int32)
         if labels is None
         else encoder.encode_labels(labels).astype(np.int32)
     )
-    truncated = sum(n > encoder.max_len for n in longest)
-    hashes = None  # hashed here, in the worker, when prepro.conflicts looks for them
-    if labels is not None and spec.prepro.get("conflicts") != "off":
-        hashes = text_hashes(texts, texts2)
-    return _Encoded(values, offsets, values2, offsets2, y, max(longest, default=0), truncated, hashes)  # fmt: skip
+    hash_rows = labels is not None and spec.prepro.get("conflicts") != "off"
+    return _chunk(values, offsets, full, second, y, encoder.max_len, texts, texts2, hash_rows)
+
+
+def _chunk(
+    values: np.ndarray,
+    offsets: np.ndarray,
+    full: np.ndarray,
+    second: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+    labels: np.ndarray,
+    max_len: int,
+    texts: list[str],
+    texts2: list[str] | None,
+    hash_rows: bool,
+) -> _Encoded:
+    """An :class:`_Encoded` chunk and its statistics; ``second`` is the second texts'
+    ``(values, offsets, full)``; ``hash_rows``: the texts' hashes for the conflicts check
+    (computed here, in the worker)."""
+    longest = full if second is None else np.maximum(full, second[2])
+    hashes = text_hashes(texts, texts2) if hash_rows else None
+    return _Encoded(
+        values.astype(np.int32, copy=False),
+        offsets.astype(np.int32, copy=False),
+        None if second is None else second[0].astype(np.int32, copy=False),
+        None if second is None else second[1].astype(np.int32, copy=False),
+        labels,
+        int(longest.max(initial=0)),
+        int((longest > max_len).sum()),
+        hashes,
+    )
+
+
+#: What :func:`tokenize_file` appends to a shard's path: its shard in Arrow IPC (uncompressed,
+#: read back at memory speed), until :func:`remap_file` writes the Parquet shard.
+PENDING = ".pending.arrow"
 
 
 class _ShardWriter:
-    """Buffers encoded chunks and writes ``shard_size``-row shards of one raw file."""
+    """Buffers encoded chunks and writes ``shard_size``-row shards of one raw file
+    (``pending``: as Arrow IPC files at ``<shard path>`` + :data:`PENDING`)."""
 
-    def __init__(self, out_dir: str, split: str, file_index: int, shard_size: int, pair: bool):
+    def __init__(
+        self,
+        out_dir: str,
+        split: str,
+        file_index: int,
+        shard_size: int,
+        pair: bool,
+        pending: bool = False,
+    ):
+        self.pending_format = pending
         self.out_dir, self.split, self.file_index = out_dir, split, file_index
         self.shard_size, self.schema = shard_size, shard_schema(pair)
         self.pending: list[pa.Table] = []
@@ -388,8 +419,13 @@ class _ShardWriter:
         table = pa.concat_tables(self.pending) if self.pending else self.schema.empty_table()
         head, rest = table.slice(0, rows), table.slice(rows)
         name = file_shard_name(self.file_index, len(self.written))
-        with io.open_atomic(io.join(self.out_dir, self.split, name), "wb") as f:
-            pq.write_table(head, f)
+        path = io.join(self.out_dir, self.split, name)
+        if self.pending_format:  # scratch: not fsynced (remap_file writes the shard)
+            with io.open_atomic(path + PENDING, "wb", durable=False) as f, pa.ipc.new_file(f, self.schema) as ipc:  # fmt: skip
+                ipc.write_table(head)
+        else:
+            with io.open_atomic(path, "wb") as f:
+                pq.write_table(head, f)
         self.written[name] = head.num_rows
         self.pending = [rest] if rest.num_rows else []
         self.buffered = rest.num_rows
@@ -399,6 +435,62 @@ class _ShardWriter:
         if self.buffered or not self.written:
             self._write(self.buffered)
         return self.written
+
+
+def _pass_file(
+    out: FileShards,
+    cfg: PreproConfig,
+    require_label: bool,
+    allowed: set[str] | None,
+    writer: _ShardWriter,
+    encode: Callable[[Iterable[Any]], Iterator[_Encoded]],
+    job: Callable[[Any], Any],
+) -> FileShards:
+    """Read ``out.source`` chunk by chunk, turn each into a job (``job(chunk)``), encode
+    the jobs in order (``encode``) and write them as shards; fill ``out``'s statistics.
+    ``label_counts`` covers the label ids seen (callers pad it)."""
+    counts = np.zeros(0, dtype=np.int64)
+    record = cfg.conflicts != "off"  # the row records of xdpx.data.conflicts
+    hashes: list[np.ndarray] = []
+    lines: list[np.ndarray] = []
+    labels: list[np.ndarray] = []
+
+    def jobs() -> Iterator[Any]:
+        for chunk in iter_examples(out.source, cfg, require_label, allowed, cfg.chunk_rows):
+            out.skipped += chunk.skipped
+            out.bad_lines = (out.bad_lines + chunk.bad_lines)[:MAX_BAD_LINES]
+            out.control_stripped += chunk.control_stripped
+            out.has_labels = chunk.labels is not None
+            if len(chunk):
+                if record and out.has_labels:
+                    lines.append(np.asarray(chunk.line_numbers, dtype=np.int64))
+                yield job(chunk)
+
+    with tqdm(desc=f"prepro {out.split} {_name(out.source)}", unit="row") as bar:
+        for enc in encode(jobs()):
+            writer.add(enc)
+            out.rows += len(enc.labels)
+            out.max_length_seen = max(out.max_length_seen, enc.max_seen)
+            out.truncated += enc.truncated
+            seen = np.bincount(enc.labels[enc.labels >= 0])
+            if len(seen) > len(counts):
+                counts = np.pad(counts, (0, len(seen) - len(counts)))
+            counts[: len(seen)] += seen
+            if enc.hashes is not None:
+                hashes.append(enc.hashes)
+                labels.append(enc.labels)
+            bar.update(len(enc.labels))
+    out.shard_rows = writer.close()
+    out.label_counts = counts.tolist()
+    if record and out.has_labels:
+        out.row_hashes = np.concatenate(hashes) if hashes else np.zeros(0, np.uint64)
+        out.row_lines = np.concatenate(lines) if lines else np.zeros(0, np.int64)
+        out.row_labels = np.concatenate(labels) if labels else np.zeros(0, np.int32)
+    for msg in out.bad_lines:
+        log.warning("skipping bad line %s", msg)
+    if out.skipped > len(out.bad_lines):
+        log.warning("%s: skipped %d bad lines in all", out.source, out.skipped)
+    return out
 
 
 def encode_file(
@@ -430,45 +522,145 @@ def encode_file(
             label outside the target map, a missing or unreadable file.
     """
     out = FileShards(split, file_index, path)
-    allowed = set(spec.labels)
     writer = _ShardWriter(out_dir, split, file_index, cfg.shard_size, spec.pair_columns)
-    counts = np.zeros(len(spec.labels), dtype=np.int64)
-    record = cfg.conflicts != "off"  # the row records of xdpx.data.conflicts
-    hashes: list[np.ndarray] = []
-    lines: list[np.ndarray] = []
-    labels: list[np.ndarray] = []
-
-    def jobs() -> Iterator[tuple[Any, ...]]:
-        for chunk in iter_examples(path, cfg, require_label, allowed, cfg.chunk_rows):
-            out.skipped += chunk.skipped
-            out.bad_lines = (out.bad_lines + chunk.bad_lines)[:MAX_BAD_LINES]
-            out.control_stripped += chunk.control_stripped
-            out.has_labels = chunk.labels is not None
-            if len(chunk):
-                if record and out.has_labels:
-                    lines.append(np.asarray(chunk.line_numbers, dtype=np.int64))
-                yield spec, chunk.texts, chunk.texts2, chunk.labels
-
-    with tqdm(desc=f"prepro {split} {_name(path)}", unit="row") as bar:
-        for enc in ordered_map(_encode_chunk, jobs(), executor):
-            writer.add(enc)
-            out.rows += len(enc.labels)
-            out.max_length_seen = max(out.max_length_seen, enc.max_seen)
-            out.truncated += enc.truncated
-            labelled = enc.labels[enc.labels >= 0]
-            counts += np.bincount(labelled, minlength=len(counts))[: len(counts)]
-            if enc.hashes is not None:
-                hashes.append(enc.hashes)
-                labels.append(enc.labels)
-            bar.update(len(enc.labels))
-    out.shard_rows = writer.close()
-    out.label_counts = counts.tolist()
-    if record and out.has_labels:
-        out.row_hashes = np.concatenate(hashes) if hashes else np.zeros(0, np.uint64)
-        out.row_lines = np.concatenate(lines) if lines else np.zeros(0, np.int64)
-        out.row_labels = np.concatenate(labels) if labels else np.zeros(0, np.int32)
-    for msg in out.bad_lines:
-        log.warning("skipping bad line %s", msg)
-    if out.skipped > len(out.bad_lines):
-        log.warning("%s: skipped %d bad lines in all", path, out.skipped)
+    _pass_file(
+        out, cfg, require_label, set(spec.labels), writer,
+        lambda jobs: ordered_map(_encode_chunk, jobs, executor),
+        lambda chunk: (spec, chunk.texts, chunk.texts2, chunk.labels),
+    )  # fmt: skip
+    out.label_counts += [0] * (len(spec.labels) - len(out.label_counts))
     return out
+
+
+def _tokenize_chunk(
+    job: tuple[tuple[str, bool, str | None, int, bool], list[str], list[str] | None],
+) -> tuple[TokenBatch, np.ndarray | None]:
+    """Worker: the :class:`TokenBatch` of a chunk's texts followed by its second texts, and
+    the texts' hashes for the conflicts check (or None)."""
+    (name, lower, translit, max_len, hash_rows), texts, texts2 = job
+
+    def build() -> tuple[Any, Any]:
+        return make_tokenizer(name, lower), make_transliterator(translit)
+
+    tokenizer, transliterate = _cached(("tok", name, lower, translit), build)
+    both = texts + (texts2 or [])
+    batch = tokenizer.tokenize_batch([transliterate(t) for t in both] if transliterate else both, max_len)  # fmt: skip
+    return batch, text_hashes(texts, texts2) if hash_rows else None
+
+
+def tokenize_file(
+    path: str,
+    file_index: int,
+    cfg: PreproConfig,
+    tokenizer: str,
+    out_dir: str,
+    allowed_labels: set[str] | None = None,
+    executor: Executor | None = None,
+) -> FileShards:
+    """The one pass over a train file when prepro builds the vocab: tokenize each text
+    once, count its tokens and write its shards with ids into the file's own token list.
+
+    Writes the shards :func:`encode_file` would, as Arrow IPC files
+    (``{out_dir}/train/part-{file_index:05d}-*.parquet`` + :data:`PENDING`) whose ids
+    index the returned ``tokens`` (``-1``: a text without tokens) and whose labels index
+    ``label_names``; :func:`remap_file` writes them as the Parquet shards with the
+    vocab's and the target map's ids once every train file is counted
+    (:meth:`FileCounts.of`). The tokens' order (first seen in the file) does not reach
+    the output.
+
+    Args:
+        path: the raw train file; file_index: its position in the split.
+        cfg: the prepro section.
+        tokenizer: the resolved tokenizer name (``char``, ``word`` or ``whitespace``).
+        out_dir: the (temporary) prepared directory.
+        allowed_labels: a fixed target map's labels (``target_map_file``), else None.
+        executor: a :func:`worker_pool` to tokenize chunks in, or None.
+
+    Raises:
+        DataError: as :func:`encode_file`.
+    """
+    out = FileShards("train", file_index, path)
+    writer = _ShardWriter(
+        out_dir, "train", file_index, cfg.shard_size, cfg.text2_column is not None, pending=True
+    )
+    key = (tokenizer, cfg.lower, cfg.transliterate, cfg.max_len, cfg.conflicts != "off")
+    index: dict[str, int] = {}
+    label_index: dict[str, int] = {}
+    totals: list[tuple[np.ndarray, np.ndarray]] = []
+    chunks: deque[Any] = deque()
+
+    def job(chunk: Any) -> Any:
+        chunks.append(chunk)
+        return key, chunk.texts, chunk.texts2
+
+    def encode(jobs: Iterable[Any]) -> Iterator[_Encoded]:
+        for batch, hashes in ordered_map(_tokenize_chunk, jobs, executor):
+            chunk = chunks.popleft()
+            ids = np.fromiter(
+                (index.setdefault(t, len(index)) for t in batch.tokens), np.int32, len(batch.tokens)
+            )
+            totals.append((ids, batch.counts))
+            batch.values = batch.lookup(ids, -1)
+            first, second = batch.split(len(chunk)) if chunk.texts2 is not None else (batch, None)
+            for lab in dict.fromkeys(chunk.labels):  # the chunk's labels, first seen first
+                label_index.setdefault(lab, len(label_index))
+            labels = np.fromiter(map(label_index.__getitem__, chunk.labels), np.int32, len(chunk))
+            enc = _chunk(
+                first.values, first.offsets, first.full,
+                None if second is None else (second.values, second.offsets, second.full),
+                labels, cfg.max_len, chunk.texts, chunk.texts2, False,
+            )  # fmt: skip
+            enc.hashes = hashes
+            yield enc
+
+    _pass_file(out, cfg, True, allowed_labels, writer, encode, job)
+    counts = np.zeros(len(index), dtype=np.int64)
+    for ids, n in totals:
+        counts[ids] += n  # a batch's tokens are distinct
+    out.tokens, out.token_counts, out.label_names = list(index), counts, list(label_index)
+    return out
+
+
+def remap_file(
+    piece: FileShards, token_ids: np.ndarray, labels: list[str], out_dir: str
+) -> FileShards:
+    """Write the shards :func:`tokenize_file` left pending as Parquet, with the vocab's and
+    target map's ids (each atomically, its pending file removed): then they equal what
+    :func:`encode_file` writes with the final encoder.
+
+    Args:
+        piece: :func:`tokenize_file`'s result (updated in place and returned).
+        token_ids: int32 ``[len(piece.tokens)]``, the vocab id of each of the file's tokens.
+        labels: the target map's labels in class order.
+        out_dir: the (temporary) prepared directory holding the shards.
+
+    Raises:
+        ValueError: ``piece`` is not a :func:`tokenize_file` result.
+    """
+    if piece.tokens is None or piece.label_names is None:
+        raise ValueError(f"{piece.source}: not a tokenize_file result (already remapped?)")
+    ids = np.append(token_ids.astype(np.int32), np.int32(Vocab.unk_id))
+    index = {lab: i for i, lab in enumerate(labels)}
+    to_label = np.asarray([index[lab] for lab in piece.label_names], dtype=np.int32)
+    for name in piece.shard_rows:
+        path = io.join(out_dir, piece.split, name)
+        with io.open(path + PENDING, "rb") as f:
+            table = pa.ipc.open_file(f).read_all()
+        for column in ("input_ids", "input_ids2"):
+            if column in table.column_names:
+                lists = table.column(column).combine_chunks()
+                values = ids[lists.values.to_numpy()]
+                remapped = pa.ListArray.from_arrays(lists.offsets, pa.array(values))
+                table = table.set_column(table.schema.get_field_index(column), column, remapped)
+        label = to_label[table.column("label").to_numpy()]
+        table = table.set_column(table.schema.get_field_index("label"), "label", pa.array(label))
+        with io.open_atomic(path, "wb") as f:
+            pq.write_table(table, f)
+        io.rm(path + PENDING)
+    counts = np.zeros(len(labels), dtype=np.int64)
+    counts[to_label] = piece.label_counts
+    piece.label_counts = counts.tolist()
+    if piece.row_labels is not None:
+        piece.row_labels = to_label[piece.row_labels]
+    piece.tokens = piece.token_counts = piece.label_names = None
+    return piece

@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import math
 import unicodedata
+from collections import Counter
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 __all__ = [
+    "TokenBatch",
     "CharTokenizer",
     "WordTokenizer",
     "WhitespaceTokenizer",
@@ -23,6 +28,102 @@ __all__ = [
     "detect_tokenizer",
     "make_tokenizer",
 ]
+
+
+@dataclass
+class TokenBatch:
+    """Texts tokenized together: the batch's distinct tokens, and each text as ids into them.
+
+    Prepro counts ``counts`` for the vocab and keeps ``values`` until the vocab is known
+    (then :meth:`lookup` turns them into vocab ids), so every text is tokenized once.
+
+    Attributes:
+        tokens: the distinct tokens of the batch; local id ``i`` is ``tokens[i]``.
+        counts: int64 ``[len(tokens)]``: occurrences of each token in the whole texts
+            (before truncation), what :meth:`xdpx.data.Vocab.build` counts.
+        values: int32 ``[offsets[-1]]``: each text's first ``max_len`` local ids,
+            concatenated; a text without tokens holds one ``-1`` (the unknown token).
+        offsets: int32 ``[n + 1]``: text ``i`` is ``values[offsets[i]:offsets[i + 1]]``.
+        full: int32 ``[n]``: each text's tokens before truncation.
+    """
+
+    tokens: list[str]
+    counts: np.ndarray
+    values: np.ndarray
+    offsets: np.ndarray
+    full: np.ndarray
+
+    @classmethod
+    def from_ids(
+        cls,
+        tokens: list[str],
+        flat: np.ndarray,
+        full: np.ndarray,
+        max_len: int,
+        counts: np.ndarray | None = None,
+    ) -> TokenBatch:
+        """The batch of texts whose local ids, untruncated, are ``flat`` (text after text;
+        text ``i`` has ``full[i]`` of them), cut to ``max_len`` per text; ``counts`` is
+        ``np.bincount(flat)`` when the caller has it.
+
+        Raises:
+            ValueError: ``max_len < 1``.
+        """
+        if max_len < 1:
+            raise ValueError(f"max_len must be >= 1, got {max_len}")
+        flat = flat.astype(np.int32, copy=False)
+        full = full.astype(np.int32, copy=False)
+        if counts is None:
+            counts = np.bincount(flat, minlength=len(tokens))
+        counts = counts.astype(np.int64, copy=False)
+        starts = np.zeros(len(full) + 1, dtype=np.int64)
+        np.cumsum(full, out=starts[1:])
+        if not len(full) or (full.min() >= 1 and full.max() <= max_len):
+            return cls(tokens, counts, flat, starts.astype(np.int32), full)
+        lengths = np.clip(full, 1, max_len)
+        offsets = np.zeros(len(full) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        rank = np.arange(len(flat), dtype=np.int64) - np.repeat(starts[:-1], full)
+        keep = rank < max_len
+        values = np.full(int(offsets[-1]), -1, dtype=np.int32)
+        values[np.repeat(offsets[:-1], full)[keep] + rank[keep]] = flat[keep]
+        return cls(tokens, counts, values, offsets.astype(np.int32), full)
+
+    def lookup(self, ids: np.ndarray, unk_id: int) -> np.ndarray:
+        """``values`` as ids of another table: ``ids[i]`` is the id of ``tokens[i]``.
+
+        Returns:
+            ``[len(values)]`` of ``ids``' dtype, ``-1`` placeholders as ``unk_id``.
+        """
+        table = np.append(ids, np.asarray(unk_id, dtype=ids.dtype))
+        return table[self.values]
+
+    def split(self, n: int) -> tuple[TokenBatch, TokenBatch]:
+        """The first ``n`` texts and the rest (sharing ``tokens`` and the whole ``counts``)."""
+        cut = int(self.offsets[n])
+        first = TokenBatch(self.tokens, self.counts, self.values[:cut], self.offsets[: n + 1], self.full[:n])  # fmt: skip
+        rest = TokenBatch(self.tokens, self.counts, self.values[cut:], self.offsets[n:] - cut, self.full[n:])  # fmt: skip
+        return first, rest
+
+
+def tokenize_batch(tokenizer: Any, texts: Sequence[str], max_len: int) -> TokenBatch:
+    """:class:`TokenBatch` of ``texts`` with any tokenizer that has ``tokenize(text)``:
+    one ``tokenize`` call per text, the ids in first-seen order.
+
+    Raises:
+        ValueError: ``max_len < 1``.
+    """
+    index: dict[str, int] = {}
+    flat: list[int] = []
+    full = np.zeros(len(texts), dtype=np.int32)
+    for i, text in enumerate(texts):
+        tokens = tokenizer.tokenize(text)
+        full[i] = len(tokens)
+        flat.extend([index.setdefault(t, len(index)) for t in tokens])
+    return TokenBatch.from_ids(list(index), np.asarray(flat, dtype=np.int32), full, max_len)
+
+
+_UNSEEN, _SEP, _SPACE = -3, -2, -1  # _UNSEEN the smallest: ids.min() finds it
 
 
 class CharTokenizer:
@@ -36,12 +137,55 @@ class CharTokenizer:
 
     def __init__(self, lower: bool = True) -> None:
         self.lower = lower
+        self._table: np.ndarray | None = None  # code point -> id in _chars, _SPACE, _SEP, _UNSEEN
+        self._chars: list[str] = []
 
     def tokenize(self, text: str) -> list[str]:
         """``"Ab c"`` -> ``["a", "b", "c"]`` (with ``lower``); whitespace is dropped."""
         if self.lower:
             text = text.lower()
         return [c for c in text if not c.isspace()]
+
+    def tokenize_batch(self, texts: Sequence[str], max_len: int) -> TokenBatch:
+        """:class:`TokenBatch` of ``texts``, equal to :meth:`tokenize` of each, without a
+        Python step per character: the texts are joined by NUL, lower-cased at once (which
+        equals lower-casing each: NUL is neither cased nor case-ignorable, so Greek final
+        sigma is decided as at a text's end) and read as UTF-32 code points, which a table
+        of this instance maps to token ids (``str.isspace`` is asked once per new code
+        point). Texts holding NUL go :func:`tokenize_batch`'s way.
+
+        Raises:
+            ValueError: ``max_len < 1``.
+        """
+        joined = "\x00".join(texts)
+        if len(texts) and joined.count("\x00") != len(texts) - 1:
+            return tokenize_batch(self, texts, max_len)
+        if self.lower:
+            joined = joined.lower()
+        points = np.frombuffer(joined.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+        if self._table is None:
+            self._table = np.full(0x110000, _UNSEEN, dtype=np.int32)
+            self._table[0] = _SEP
+        ids = self._table[points]
+        if len(ids) and ids.min() == _UNSEEN:
+            for cp in np.unique(points[ids == _UNSEEN]).tolist():
+                ch = chr(cp)
+                self._table[cp] = _SPACE if ch.isspace() else len(self._chars)
+                if not ch.isspace():
+                    self._chars.append(ch)
+            ids = self._table[points]
+        seps = np.flatnonzero(ids == _SEP)
+        full = np.diff(seps, prepend=-1, append=len(ids)).astype(np.int32) - 1
+        spaces = np.flatnonzero(ids == _SPACE)
+        if len(spaces):
+            full -= np.bincount(np.searchsorted(seps, spaces), minlength=len(full)).astype(np.int32)
+        ids = ids[ids >= 0]
+        present = np.bincount(ids, minlength=len(self._chars))
+        used = np.flatnonzero(present)
+        local = np.zeros(len(self._chars), dtype=np.int32)
+        local[used] = np.arange(len(used), dtype=np.int32)
+        tokens = [self._chars[i] for i in used.tolist()]
+        return TokenBatch.from_ids(tokens, local[ids], full[: len(texts)], max_len, present[used])
 
 
 class WordTokenizer:
@@ -90,6 +234,10 @@ class WordTokenizer:
         normalized = self._normalizer.normalize_str(text)
         return [piece for piece, _ in self._pre_tokenizer.pre_tokenize_str(normalized)]
 
+    def tokenize_batch(self, texts: Sequence[str], max_len: int) -> TokenBatch:
+        """:class:`TokenBatch` of ``texts`` (:func:`tokenize_batch`: one :meth:`tokenize` each)."""
+        return tokenize_batch(self, texts, max_len)
+
     def __getstate__(self) -> dict[str, Any]:  # the Rust parts are rebuilt, not pickled
         return {"lower": self.lower}
 
@@ -114,6 +262,10 @@ class WhitespaceTokenizer:
         if self.lower:
             text = text.lower()
         return text.split()
+
+    def tokenize_batch(self, texts: Sequence[str], max_len: int) -> TokenBatch:
+        """:class:`TokenBatch` of ``texts`` (:func:`tokenize_batch`: one :meth:`tokenize` each)."""
+        return tokenize_batch(self, texts, max_len)
 
 
 class HFTokenizer:
@@ -333,15 +485,18 @@ def detect_tokenizer(texts: Iterable[str], max_chars: int = 1_000_000) -> tuple[
         ``(name, fraction)``: ``"char"`` or ``"word"`` and the no-space-script share of
         the letters seen (0.0 when there are no letters; then ``word``).
     """
-    letters = no_space = seen = 0
+    chars: Counter[str] = Counter()
+    seen = 0
     for text in texts:
-        for ch in text:
-            if ch.isalpha():
-                letters += 1
-                no_space += is_no_space_letter(ch)
+        chars.update(text)
         seen += len(text)
         if seen >= max_chars:
             break
+    letters = no_space = 0
+    for ch, n in chars.items():  # each distinct character looked up once
+        if ch.isalpha():
+            letters += n
+            no_space += n * is_no_space_letter(ch)
     fraction = no_space / letters if letters else 0.0
     return ("char" if fraction > AUTO_CHAR_THRESHOLD else "word"), fraction
 
