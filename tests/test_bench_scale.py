@@ -47,3 +47,10 @@ def test_quick_run_measures_every_figure(real_subset, tmp_path):
             assert result["scales"][scale][stage]["peak_rss_mb"] > 50
     assert result["workers"]["ratio"] > 0 and result["lazy"]["ratio"] > 0
     assert "target >= 1.6x" in done.stdout and "lazy train" in done.stdout
+    # the raw tokenizer pass read exactly the texts prepro prepared, in both languages
+    for lang, tokenizer in (("zh", "char"), ("en", "word")):
+        r = result["raw_pass"][lang]
+        assert r["tokenizer"] == tokenizer and r["raw"]["texts"] == r["prepro"]["texts"]
+        assert r["ratio"] == r["prepro"]["texts_per_s"] / r["raw"]["texts_per_s"]
+    assert result["raw_pass"]["zh"]["prepro"]["texts"] == result["scales"]["3"]["texts"]
+    assert "one raw word tokenizer pass" in done.stdout
