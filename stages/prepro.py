@@ -16,7 +16,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from pydantic import BaseModel
@@ -333,25 +333,34 @@ def building(cfg: PreproConfig) -> Iterator[str]:
         raise
 
 
+class _FileJob:
+    """A per-file job; ``label`` (``<verb> <file>``) names its task run in the flow."""
+
+    verb: ClassVar[str]
+    path: str
+
+    @property
+    def label(self) -> str:
+        """``<verb> <file>`` (task run names)."""
+        return f"{self.verb} {self.path.rsplit('/', 1)[-1]}"
+
+
 @dataclass(frozen=True)
-class CountJob:
+class CountJob(_FileJob):
     """A pass over one train file counting its labels (:func:`xdpx.data.stream.count_file`)."""
 
+    verb: ClassVar[str] = "count"
     path: str
     cfg: PreproConfig
     allowed_labels: frozenset[str] | None
 
-    @property
-    def label(self) -> str:
-        """``count <file>`` (task run names)."""
-        return f"count {self.path.rsplit('/', 1)[-1]}"
-
 
 @dataclass(frozen=True)
-class TokenizeJob:
+class TokenizeJob(_FileJob):
     """The one pass over a train file when the vocab is built from the data
     (:func:`xdpx.data.stream.tokenize_file`)."""
 
+    verb: ClassVar[str] = "tokenize"
     path: str
     file_index: int
     cfg: PreproConfig
@@ -359,37 +368,29 @@ class TokenizeJob:
     out_dir: str
     allowed_labels: frozenset[str] | None
 
-    @property
-    def label(self) -> str:
-        """``tokenize <file>`` (task run names)."""
-        return f"tokenize {self.path.rsplit('/', 1)[-1]}"
-
 
 @dataclass(frozen=True, eq=False)
-class RemapJob:
+class RemapJob(_FileJob):
     """A tokenized train file's shards rewritten with the vocab's ids
     (:func:`xdpx.data.stream.remap_file`)."""
 
+    verb: ClassVar[str] = "remap"
     piece: FileShards
     token_ids: Any  # np.ndarray int32 [len(piece.tokens)]
     labels: list[str]
     out_dir: str
 
     @property
-    def path(self) -> str:
+    def path(self) -> str:  # type: ignore[override]
         """The raw file."""
         return self.piece.source
 
-    @property
-    def label(self) -> str:
-        """``remap <file>`` (task run names)."""
-        return f"remap {self.path.rsplit('/', 1)[-1]}"
-
 
 @dataclass(frozen=True)
-class EncodeJob:
+class EncodeJob(_FileJob):
     """The encoding pass over one raw file (:func:`xdpx.data.stream.encode_file`)."""
 
+    verb: ClassVar[str] = "encode"
     path: str
     split: str
     file_index: int
@@ -405,6 +406,7 @@ class EncodeJob:
 
 #: ``mapper(jobs) -> results`` in the order of ``jobs``: how the per-file work is run.
 Mapper = Callable[[list[Any]], list[Any]]
+
 
 Job = CountJob | TokenizeJob | RemapJob | EncodeJob
 
