@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -56,19 +58,34 @@ def project(tmp_path_factory):
     shutil.copy(ROOT / ".dvc" / "config", root / ".dvc" / "config")
     sh("git", "add", "-A", cwd=root, env=env)
     sh("git", "commit", "-qm", "init", cwd=root, env=env)
+    sh("dvc", "repro", cwd=root, env=env)  # each test starts from a committed repro
+    sh("git", "add", "-A", cwd=root, env=env)
+    sh("git", "commit", "-qm", "first repro", cwd=root, env=env)
     return root, env
+
+
+@contextlib.contextmanager
+def restored(root: Path, env: dict) -> Iterator[None]:
+    """Put the workspace back to the committed repro afterwards (``dvc exp run`` leaves its
+    params, lock and outputs there), so the tests run alone and in any order."""
+    try:
+        yield
+    finally:
+        sh("git", "checkout", "--", ".", cwd=root, env=env)
+        sh("dvc", "checkout", "--force", cwd=root, env=env)
 
 
 def test_repro_then_noop_then_metrics(project):
     root, env = project
-    sh("dvc", "repro", cwd=root, env=env)
     assert (root / "models/default/export/model.onnx").exists()
     again = sh("dvc", "repro", cwd=root, env=env)
     assert "Data and pipelines are up to date" in again
     status = sh("dvc", "status", cwd=root, env=env)
     assert "up to date" in status
-    shown = sh("dvc", "metrics", "show", cwd=root, env=env)
-    assert "test.accuracy" in shown and "test.macro_f1" in shown
+    shown = json.loads(sh("dvc", "metrics", "show", "--json", cwd=root, env=env))
+    metrics = json.loads((root / "reports/metrics.json").read_text())
+    assert 0 <= metrics["test"]["accuracy"] <= 1 and "macro_f1" in metrics["test"]
+    assert _workspace_metrics(shown) == metrics
     html = sh("dvc", "plots", "show", "-o", "plots_out", cwd=root, env=env)
     page = (root / "plots_out" / "index.html").read_text()
     assert "cdn.jsdelivr" not in page and "vegaEmbed" in page, html
@@ -80,8 +97,6 @@ def test_reproducing_from_nothing_leaves_the_committed_lock_unchanged(project):
     pure function of code, params and data (wall times, git state and latency live in
     run.json, time.log.tsv and export/latency.json, which are not hashed)."""
     root, env = project
-    sh("git", "add", "-A", cwd=root, env=env)
-    sh("git", "commit", "-qm", "first repro", cwd=root, env=env)
     run = root / "models/default"
     info = json.loads((run / "run.json").read_text())
     assert info["git_commit"] and info["wall_time"] > 0 and "git_dirty_diff" not in json.loads((run / "repro.json").read_text())  # fmt: skip
@@ -123,18 +138,38 @@ def test_touching_a_file_of_a_stages_import_closure_makes_it_out_of_date(project
     assert "up to date" in sh("dvc", "status", cwd=root, env=env)
 
 
+def _workspace_metrics(shown: dict) -> dict:
+    """``reports/metrics.json`` as ``dvc metrics show --json`` gives it for the workspace
+    (its one entry; DVC 3 keys it ``""``)."""
+    [workspace] = shown.values()
+    return workspace["data"]["reports/metrics.json"]["data"]
+
+
+def _experiment_rows(shown: list) -> Iterator[dict]:
+    """The ``data`` of every experiment row of ``dvc exp show --json`` (DVC 3)."""
+    for commit in shown:
+        for exp in commit.get("experiments") or []:
+            for rev in exp["revs"]:
+                yield rev["data"]
+
+
 def test_exp_run_set_param_lists_metric(project):
+    """`dvc exp run -S train.learning_rate=0.003` reruns train and after, and `dvc exp show`
+    lists that experiment with the param and the metrics it wrote."""
     root, env = project
-    sh("git", "add", "-A", cwd=root, env=env)
-    # --allow-empty: the test above committed the lock when it ran
-    sh("git", "commit", "-qm", "lock", "--allow-empty", cwd=root, env=env)
-    out = sh("dvc", "exp", "run", "-S", "train.learning_rate=0.003", cwd=root, env=env)
-    assert (
-        "Running stage 'fetch'" not in out and "Running stage 'prepro'" not in out
-    )  # only train and after
-    shown = json.loads(sh("dvc", "exp", "show", "--json", cwd=root, env=env))
-    text = json.dumps(shown)
-    assert '"accuracy"' in text and "0.003" in text
+    with restored(root, env):
+        out = sh("dvc", "exp", "run", "-S", "train.learning_rate=0.003", cwd=root, env=env)
+        assert "Running stage 'train'" in out
+        assert "Running stage 'fetch'" not in out and "Running stage 'prepro'" not in out
+        written = json.loads((root / "reports/metrics.json").read_text())
+        shown = json.loads(sh("dvc", "exp", "show", "--json", cwd=root, env=env))
+    row = next(
+        d
+        for d in _experiment_rows(shown)
+        if d["params"]["params.yaml"]["data"]["train"]["learning_rate"] == 0.003
+    )
+    assert row["metrics"]["reports/metrics.json"]["data"] == written
+    assert 0 <= written["test"]["accuracy"] <= 1
 
 
 def test_exp_run_moving_save_dir_moves_the_downstream(project):
@@ -144,13 +179,14 @@ def test_exp_run_moving_save_dir_moves_the_downstream(project):
     import pandas as pd
 
     root, env = project
-    sh("dvc", "exp", "run", "-S", "train.save_dir=models/other", cwd=root, env=env)
-    lock = yaml.safe_load((root / "dvc.lock").read_text())["stages"]
+    with restored(root, env):
+        sh("dvc", "exp", "run", "-S", "train.save_dir=models/other", cwd=root, env=env)
+        lock = yaml.safe_load((root / "dvc.lock").read_text())["stages"]
+        assert (root / "models/other/export/model.onnx").exists()
+        metrics = json.loads((root / "reports/metrics.json").read_text())
+        valid = pd.read_csv(root / "models/other/valid.log.tsv", sep="\t")
     best = next(o for o in lock["train"]["outs"] if o["path"] == "models/other/best")
     for stage in ("evaluate", "predict", "export"):
         dep = next(d for d in lock[stage]["deps"] if d["path"] == "models/other/best")
         assert dep["md5"] == best["md5"], stage
-    assert (root / "models/other/export/model.onnx").exists()
-    metrics = json.loads((root / "reports/metrics.json").read_text())
-    valid = pd.read_csv(root / "models/other/valid.log.tsv", sep="\t")
     assert metrics["dev"]["accuracy"] == pytest.approx(valid["accuracy"].max(), abs=1e-6)
