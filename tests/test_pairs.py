@@ -21,6 +21,7 @@ import onnxruntime as ort
 import pandas as pd
 import pytest
 import torch
+from onnx_check import onnx_vs_eager
 
 from stages import evaluate, export, fetch, predict, prepro, train
 from stages.evaluate import check as check_evaluate
@@ -156,13 +157,12 @@ def test_prepro_writes_both_inputs(data):
 
 @pytest.mark.integration
 def test_train_evaluate_predict(pipeline, data):
-    root, metrics = pipeline["root"], pipeline["metrics"]
+    root = pipeline["root"]
     assert pipeline["train"].num_updates > 0
     saved = json.loads((root / "metrics.json").read_text())
     assert set(saved) == {"dev", "test"}
-    for split in ("dev", "test"):
+    for split in ("dev", "test"):  # test: checked against predict's file below
         assert 0.0 <= saved[split]["accuracy"] <= 1.0
-        assert saved[split] == pytest.approx(metrics.metrics[split])
     # both texts reach the model: near-duplicates are told apart from same-sentiment others
     assert saved["dev"]["accuracy"] >= 0.8, saved
     # evaluate scores with the trainer's code: its dev score is the best one logged
@@ -193,8 +193,11 @@ def test_export_has_two_dynamic_inputs_and_parity(pipeline, data):
     assert report["status"] == "ok" and report["model"] == pipeline["name"]
     assert report["input_names"] == ["input_ids", "input_ids2"]
     parity = report["parity"]
-    assert parity["max_abs_diff"] <= report["parity"]["atol"] == 1e-4
-    assert parity["num_samples"] == 48 and parity["argmax_agreement"] == 1.0
+    assert parity["num_samples"] == 48 and report["parity"]["atol"] == 1e-4
+    test = read_tsv(data["pairs"] / "test.tsv").head(40)
+    root = pipeline["root"]
+    texts, texts2 = test["text1"].tolist(), test["text2"].tolist()
+    assert onnx_vs_eager(str(root / "export"), str(pipeline["run"]), texts, texts2) < 1e-4
     assert [b for b, _, _ in parity["batch_shapes"]] == [1, 3, 44]
     widths = {(t, t2) for _, t, t2 in parity["batch_shapes"]}
     assert len(widths) > 1  # batches of several widths
@@ -433,7 +436,9 @@ def test_hf_classifier_pairs_end_to_end(data):
             num_samples=48,
         )  # fmt: skip
     )
-    assert exported.parity["max_abs_diff"] <= 1e-4
+    assert exported.parity["num_samples"] == 48
+    pairs = (pred["text1"][:24].tolist(), pred["text2"][:24].tolist())
+    assert onnx_vs_eager(str(root / "export"), str(run), *pairs) < 1e-4
     graph = onnx.load(str(root / "export" / "model.onnx")).graph
     assert [i.name for i in graph.input] == ["input_ids"]
     out_io = _io.StringIO()
