@@ -61,7 +61,8 @@ class Server:
     def metric(self, name: str, labels: str = "") -> float:
         text = httpx.get(f"{self.url}/metrics", timeout=10).text
         m = re.search(rf"^{re.escape(name + labels)} (\S+)$", text, re.M)
-        return float(m.group(1)) if m else 0.0
+        assert m, f"{name}{labels} is not in /metrics:\n{text[:2000]}"  # a missing one is no 0
+        return float(m.group(1))
 
     def stop(self) -> int:
         if self.proc.poll() is None:
