@@ -9,8 +9,9 @@ per config, the sha256 of ``best/model.safetensors``, of ``last/model.safetensor
     python tools/fingerprint.py --write tests/data/fingerprints.json
 
 Weights are bit-identical on one machine (same CPU, same torch), not across CPUs:
-``tests/test_fingerprint.py`` compares hashes where the recorded ``machine`` matches and
-the logged numbers within 1e-4 elsewhere.
+``tests/test_fingerprint.py`` compares the logged numbers with the recorded ones within
+1e-4 on any machine, the hashes where the recorded ``machine`` matches, and on every
+machine a second run of each config in the same session bit for bit.
 """
 
 from __future__ import annotations
@@ -89,18 +90,19 @@ def prepare(root: Path) -> str:
     return prepared
 
 
-def run_all(root: Path, names: list[str] | None = None) -> dict:
-    """Train each config under ``root`` and return ``{machine, runs: {name: fingerprint}}``."""
+def run_all(root: Path, names: list[str] | None = None, prepared: str | None = None) -> dict:
+    """Train each config under ``root`` (on ``prepared``, else on :func:`prepare`'s subset
+    made there) and return ``{machine, prepared, runs: {name: fingerprint}}``."""
     from stages import train
     from xdpx.config import TrainConfig
 
-    prepared = prepare(root)
+    prepared = prepared or prepare(root)
     runs = {}
     for name in names or list(CONFIGS):
         save_dir = root / "runs" / name
         train.run(TrainConfig(data_dir=prepared, save_dir=str(save_dir), **CONFIGS[name]))
         runs[name] = fingerprint(save_dir)
-    return {"machine": machine(), "configs": CONFIGS, "runs": runs}
+    return {"machine": machine(), "configs": CONFIGS, "prepared": prepared, "runs": runs}
 
 
 def main() -> None:
