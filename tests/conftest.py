@@ -189,3 +189,15 @@ def xdpx_site_python(xdpx_site) -> list[str]:
         "runpy.run_module(mod, run_name='__main__', alter_sys=True)"
     )
     return [sys.executable, "-c", launch, str(xdpx_site)]
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory):
+    """One Prefect test server (SQLite in a temporary PREFECT_HOME) per test process, for
+    the flow tests of every file; PREFECT_HOME is restored afterwards."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PREFECT_HOME", str(tmp_path_factory.mktemp("prefect_home")))
+        with prefect_test_harness(server_startup_timeout=90):
+            yield

@@ -54,16 +54,16 @@ def project(tmp_path_factory):
     }
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     old = os.getcwd()
-    os.chdir(root)
+    os.chdir(root)  # the commands' relative paths; back before the tests (in_project sets it)
     try:
         outputs = {}
         for command in ("fetch", "prepro", "train", "eval", "pred", "export"):
             result = xdpx(command)
             assert result.exit_code == 0, (command, result.output)
             outputs[command] = result.stdout
-        yield root, outputs
     finally:
         os.chdir(old)
+    return root, outputs
 
 
 @pytest.fixture

@@ -208,17 +208,6 @@ def test_xdpx_cv_bad_input_is_one_line_before_any_work(real_subset, tmp_path):
     assert not (tmp_path / "models").exists()
 
 
-@pytest.fixture(scope="module")
-def prefect_server(tmp_path_factory):
-    import os
-
-    os.environ["PREFECT_HOME"] = str(tmp_path_factory.mktemp("prefect_home"))
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=90):
-        yield
-
-
 @pytest.mark.e2e
 def test_flow_runs_the_folds_at_the_same_time_and_writes_the_report(
     prefect_server, real_subset, tmp_path, monkeypatch
