@@ -59,6 +59,25 @@ def test_a_nul_in_a_text_names_file_line_and_character_or_is_stripped_and_counte
     assert "NUL" in meta["splits"]["train"]["bad_lines"][0]
 
 
+def test_a_lone_surrogate_in_jsonl_names_file_line_and_key(raw, tmp_path):
+    """JSON's "\\ud800" escape without its pair decodes to a lone surrogate, which no
+    tokenizer or UTF-8 writer accepts: a bad line (file:line, key), not a crash; a proper
+    pair (an emoji) is kept."""
+    for split in ("train", "dev", "test"):
+        rows = [line.rsplit("\t", 1) for line in _lines(raw / f"{split}.tsv")[1:]]
+        objs = [json.dumps({"text": t, "label": y}, ensure_ascii=False) for t, y in rows]
+        if split == "train":
+            objs[2] = objs[2].replace('"text": "', '"text": "\\ud83d\\ude00 ', 1)  # a pair
+            objs[6] = objs[6].replace('"text": "', '"text": "ok \\uD800', 1)  # line 7
+        (raw / f"{split}.jsonl").write_text("\n".join(objs) + "\n", encoding="utf-8")
+    files = {s: f"{s}.jsonl" for s in ("train", "dev", "test")}
+    with pytest.raises(DataError, match=r"train\.jsonl:7: lone surrogate U\+D800 at character 4 \(key 'text'\)"):  # fmt: skip
+        _prepro(raw, tmp_path / "p", format="jsonl", data_files=files)
+    meta = _prepro(raw, tmp_path / "p", format="jsonl", data_files=files, skip_bad_lines=True)
+    assert meta["splits"]["train"]["skipped"] == 1
+    assert meta["splits"]["train"]["rows"] == len(_lines(raw / "train.tsv")) - 2
+
+
 def test_conflicting_labels_are_reported_kept_dropped_or_refused(raw, tmp_path):
     train, dev = _lines(raw / "train.tsv"), _lines(raw / "dev.tsv")
     n_train, n_dev = len(train) - 1, len(dev) - 1

@@ -423,6 +423,23 @@ def _read_tsv_rest(
     out.columns = list(columns)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _no_lone_surrogates(obj: dict[str, Any], keys: Iterable[str | None]) -> None:
+    """Raise :class:`_LineError` for a string of ``obj`` under ``keys`` holding a lone
+    surrogate (JSON's ``"\\ud800"`` without its pair): not a character, it cannot be
+    tokenized or written as UTF-8."""
+    for key in keys:
+        value = obj.get(key) if key else None
+        found = _SURROGATE.search(value) if isinstance(value, str) else None
+        if found:
+            raise _LineError(
+                f"lone surrogate U+{ord(found.group()):04X} at character {found.start() + 1} "
+                f"(key {key!r}): not valid Unicode; fix the \\u escape"
+            )
+
+
 def _read_jsonl(
     path: str,
     cfg: PreproConfig,
@@ -446,6 +463,8 @@ def _read_jsonl(
             for key in (cfg.text_column, cfg.text2_column):
                 if key and key not in obj:
                     raise _LineError(f"missing key {key!r}; keys found: {list(obj)}")
+            if "\\ud" in text.lower():  # a \uD800-\uDFFF escape may leave a lone surrogate
+                _no_lone_surrogates(obj, (cfg.text_column, cfg.text2_column, cfg.label_column))
             if collector is None:  # the first object decides whether labels are present
                 has_label = require_label or cfg.label_column in obj
                 collector = out.collector_for(has_label, require_label, allowed_labels)
