@@ -136,8 +136,7 @@ def test_student_trains_end_to_end_with_distill_from(teacher, tmp_path):
     result = train.run(cfg)
     log = pd.read_csv(tmp_path / "student" / "train.log.tsv", sep="\t")
     assert {"distill_ce", "distill_kl"} <= set(log.columns)
-    assert np.isfinite(log[["loss", "distill_ce", "distill_kl"]].to_numpy()).all()
-    # the logged loss is the weighted objective of its parts
+    # the logged loss (finite: fit raises otherwise) is the weighted objective of its parts
     np.testing.assert_allclose(
         log["loss"], 0.5 * log["distill_ce"] + 0.5 * 4.0 * log["distill_kl"], rtol=1e-3
     )

@@ -208,7 +208,7 @@ def test_freelb_changes_the_update(real_subset, tmp_path):
 
 
 @pytest.mark.integration
-def test_freelb_on_real_subset_is_finite_and_within_2_points_of_plain(real_subset, tmp_path):
+def test_freelb_on_real_subset_is_within_2_points_of_plain(real_subset, tmp_path):
     """Same budget, same seed: dev accuracy of FreeLB within 2 points of plain training.
 
     The dev split has 120 texts: one text is 0.83 points, so 2 points is about the noise
@@ -226,8 +226,6 @@ def test_freelb_on_real_subset_is_finite_and_within_2_points_of_plain(real_subse
     )
     plain = make_trainer(prepared, str(tmp_path / "plain"), **common).fit()
     adv = make_trainer(prepared, str(tmp_path / "adv"), adv="freelb", **common).fit()
-    log = pd.read_csv(tmp_path / "adv" / "train.log.tsv", sep="\t")
-    assert np.isfinite(log["loss"]).all() and np.isfinite(log["grad_norm"]).all()
     dev = load_split(prepared, "dev").labels
     majority = np.bincount(dev).max() / len(dev)
     print(f"dev accuracy: plain {plain.best_score:.4f}, freelb {adv.best_score:.4f}")
@@ -236,7 +234,9 @@ def test_freelb_on_real_subset_is_finite_and_within_2_points_of_plain(real_subse
 
 
 @pytest.mark.integration
-def test_freelb_bf16_autocast_is_finite_and_learns(real_subset, tmp_path):
+def test_freelb_bf16_autocast_trains_every_update(real_subset, tmp_path):
+    """bf16 + FreeLB: all 8 updates are logged and move the weights (a non-finite loss or
+    gradient norm would have raised in fit)."""
     _, prepared = real_subset
     trainer = make_trainer(
         prepared,
@@ -254,7 +254,7 @@ def test_freelb_bf16_autocast_is_finite_and_learns(real_subset, tmp_path):
     init = params_of(trainer)
     trainer.fit()
     log = pd.read_csv(tmp_path / "run" / "train.log.tsv", sep="\t")
-    assert len(log) == 8 and np.isfinite(log[["loss", "grad_norm"]].to_numpy()).all()
+    assert log["update"].tolist() == list(range(1, 9)) and (log["grad_norm"] > 0).all()
     after = params_of(trainer)
     assert max((after[k] - init[k]).abs().max().item() for k in init) > 1e-3
 
@@ -315,6 +315,6 @@ def test_freelb_trains_hf_classifier_through_its_word_embeddings(real_subset, tm
     init = params_of(trainer)
     trainer.fit()
     log = pd.read_csv(tmp_path / "run" / "train.log.tsv", sep="\t")
-    assert len(log) == 4 and np.isfinite(log[["loss", "grad_norm"]].to_numpy()).all()
+    assert log["update"].tolist() == [1, 2, 3, 4] and (log["grad_norm"] > 0).all()
     after = params_of(trainer)
     assert max((after[k] - init[k]).abs().max().item() for k in init) > 1e-4
