@@ -586,7 +586,7 @@ def tokenize_file(
     key = (tokenizer, cfg.lower, cfg.transliterate, cfg.max_len, cfg.conflicts != "off")
     index: dict[str, int] = {}
     label_index: dict[str, int] = {}
-    totals: list[tuple[np.ndarray, np.ndarray]] = []
+    counts = [np.zeros(1024, dtype=np.int64)]  # [token id] occurrences, grown by doubling
     chunks: deque[Any] = deque()
 
     def job(chunk: Any) -> Any:
@@ -599,7 +599,9 @@ def tokenize_file(
             ids = np.fromiter(
                 (index.setdefault(t, len(index)) for t in batch.tokens), np.int32, len(batch.tokens)
             )
-            totals.append((ids, batch.counts))
+            if len(index) > len(counts[0]):
+                counts[0] = np.pad(counts[0], (0, max(len(index), 2 * len(counts[0])) - len(counts[0])))  # fmt: skip
+            counts[0][ids] += batch.counts  # a batch's tokens are distinct
             batch.values = batch.lookup(ids, -1)
             first, second = batch.split(len(chunk)) if chunk.texts2 is not None else (batch, None)
             for lab in dict.fromkeys(chunk.labels):  # the chunk's labels, first seen first
@@ -614,10 +616,8 @@ def tokenize_file(
             yield enc
 
     _pass_file(out, cfg, True, allowed_labels, writer, encode, job)
-    counts = np.zeros(len(index), dtype=np.int64)
-    for ids, n in totals:
-        counts[ids] += n  # a batch's tokens are distinct
-    out.tokens, out.token_counts, out.label_names = list(index), counts, list(label_index)
+    out.tokens, out.label_names = list(index), list(label_index)
+    out.token_counts = counts[0][: len(index)].copy()
     return out
 
 
