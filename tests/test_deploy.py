@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 from small_run import SMALL_RUN
-from snapshot import files_under
+from snapshot import files_under, modes_under
 
 pytestmark = pytest.mark.e2e
 
@@ -188,14 +188,9 @@ def _assert_readable_by_all(run_dir: Path) -> None:
     from xdpx import io
 
     want_file, want_dir = io.file_mode(), io.dir_mode()
-    wrong = {}
-    for d, _, names in os.walk(run_dir):
-        if stat.S_IMODE(os.stat(d).st_mode) != want_dir:
-            wrong[d] = oct(stat.S_IMODE(os.stat(d).st_mode))
-        for n in names:
-            mode = stat.S_IMODE(os.stat(os.path.join(d, n)).st_mode)
-            if mode not in (want_file, want_file & ~0o222):
-                wrong[os.path.join(d, n)] = oct(mode)
+    files, dirs = modes_under(run_dir)
+    wrong = {p: oct(m) for p, m in dirs.items() if m != want_dir}
+    wrong |= {p: oct(m) for p, m in files.items() if m not in (want_file, want_file & ~0o222)}
     latest = stat.S_IMODE(os.stat(run_dir.parent / "LATEST").st_mode)
     assert not wrong and latest == want_file, (wrong, oct(latest))
 

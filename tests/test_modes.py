@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from small_run import SMALL_RUN
+from snapshot import modes_under
 
 from xdpx import io
 
@@ -21,12 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _modes(root: Path) -> tuple[dict[str, int], dict[str, int]]:
-    files, dirs = {}, {}
-    for d, subdirs, names in os.walk(root):
-        for n in subdirs:
-            dirs[os.path.relpath(os.path.join(d, n), root)] = stat.S_IMODE(os.stat(os.path.join(d, n)).st_mode)  # fmt: skip
-        for n in names:
-            files[os.path.relpath(os.path.join(d, n), root)] = stat.S_IMODE(os.stat(os.path.join(d, n)).st_mode)  # fmt: skip
+    files, dirs = modes_under(root)
+    del dirs["."]  # the test's own directory
     return files, dirs
 
 
