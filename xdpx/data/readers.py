@@ -320,15 +320,14 @@ def _read_delimited(
     out: _Chunks,
 ) -> Iterator[ReadResult]:
     kind = "tab-separated" if cfg.format == "tsv" else "comma-separated"
-    lines = _open_lines(path)
-    records = _delimited_records(lines, cfg)
+    records = _delimited_records(_open_lines(path), cfg)
     collector: _Collector | None = None
     columns: list[str] | None = None
     if cfg.header:
         first = next(records, None)
         if first is None:
             raise DataError(f"{path}: empty file, expected a header row (prepro.header=true)")
-        header_line, header, error = first
+        _, header, error = first
         if header is None:
             raise DataError(f"{path}:1: bad header row: {error}")
         header = [h.strip() for h in header]
@@ -336,7 +335,7 @@ def _read_delimited(
         columns = out.columns = header
         collector = out.collector_for(has_label, require_label, allowed_labels)
     if cfg.format == "tsv" and columns is not None and collector is not None:
-        yield from _read_tsv_rest(lines, header_line + 1, columns, collector, out)
+        yield from _read_tsv_rest(records, columns, collector, out)
         return
     for line, fields, error in records:
         try:
@@ -355,14 +354,8 @@ def _read_delimited(
                 collector = out.collector_for(
                     len(fields) == n_text + 1, require_label, allowed_labels
                 )
-            if len(fields) != len(columns):
-                raise _LineError(
-                    f"expected {len(columns)} {kind} columns ({', '.join(columns)}), "
-                    f"got {len(fields)}"
-                )
-            record = dict(zip(columns, fields, strict=True))
             assert collector is not None
-            collector.add(line, record, record)
+            _add_fields(collector, line, fields, columns, kind, None)
         except _LineError as e:
             out.on_bad(line, str(e))
         if out.full():
@@ -370,33 +363,51 @@ def _read_delimited(
     out.columns = list(columns or _default_columns(cfg, require_label))
 
 
+def _add_fields(
+    collector: _Collector,
+    line: int,
+    fields: list[str],
+    columns: list[str],
+    kind: str,
+    at: tuple[int, int, int] | None,
+) -> None:
+    """Check a tsv/csv record's column count and add it: by position
+    (:meth:`_Collector.add_fields`) when ``at`` is given and the rows are not kept, else
+    as a dict."""
+    if len(fields) != len(columns):
+        raise _LineError(
+            f"expected {len(columns)} {kind} columns ({', '.join(columns)}), got {len(fields)}"
+        )
+    if at is None or collector.keep_rows:
+        record = dict(zip(columns, fields, strict=True))
+        collector.add(line, record, record)
+    else:
+        collector.add_fields(line, fields, at)
+
+
 def _read_tsv_rest(
-    lines: Iterator[str],
-    start: int,
+    records: Iterator[tuple[int, list[str] | None, str]],
     columns: list[str],
     collector: _Collector,
     out: _Chunks,
 ) -> Iterator[ReadResult]:
-    """The rest of :func:`_read_delimited` for a tsv file with a header, from its line
-    ``start``: the same checks and messages, the fields passed by position
-    (:meth:`_Collector.add_fields`). A row of one text and a label that passes every check
-    (the usual row) is appended here, without a call per field."""
+    """The rest of :func:`_read_delimited` for a tsv file with a header: the same checks
+    and messages (:func:`_add_fields`), the fields passed by position. A row of one text
+    and a label that passes every check (the usual row) is appended here, without a call
+    per field."""
     cfg = collector.cfg
-    n, named = len(columns), ", ".join(columns)
     at = (
         columns.index(cfg.text_column),
         columns.index(cfg.text2_column) if cfg.text2_column else -1,
         columns.index(cfg.label_column) if collector.has_label else -1,
     )
     text_at, _, label_at = at
+    n = len(columns)
     plain = at[1] < 0 and label_at >= 0 and not out.keep_rows  # text + label: the short way
     allowed, control, chunk_rows = collector.allowed_labels, CONTROL_CHARS.search, out.chunk_rows
     r = out.current
-    for line, raw in enumerate(lines, start):
-        row = raw.rstrip("\r\n")
-        if not row:
-            continue
-        fields = row.split("\t")
+    for line, fields, _ in records:
+        assert fields is not None  # a tsv line always splits
         if plain and len(fields) == n:
             text, label = fields[text_at].strip(), fields[label_at].strip()
             if text and label and (allowed is None or label in allowed) and not control(text):
@@ -408,13 +419,7 @@ def _read_tsv_rest(
                     r = out.current
                 continue
         try:
-            if len(fields) != n:
-                raise _LineError(f"expected {n} tab-separated columns ({named}), got {len(fields)}")
-            if out.keep_rows:
-                record = dict(zip(columns, fields, strict=True))
-                collector.add(line, record, record)
-            else:
-                collector.add_fields(line, fields, at)
+            _add_fields(collector, line, fields, columns, "tab-separated", at)
         except _LineError as e:
             out.on_bad(line, str(e))
         if len(out.current.texts) >= chunk_rows:
