@@ -337,8 +337,10 @@ def _encode_chunk(
         if labels is None
         else encoder.encode_labels(labels).astype(np.int32)
     )
-    hash_rows = labels is not None and spec.prepro.get("conflicts") != "off"
-    return _chunk(values, offsets, full, second, y, encoder.max_len, texts, texts2, hash_rows)
+    hashes = None  # hashed here, in the worker, when prepro.conflicts looks for them
+    if labels is not None and spec.prepro.get("conflicts") != "off":
+        hashes = text_hashes(texts, texts2)
+    return _chunk(values, offsets, full, second, y, encoder.max_len, hashes)
 
 
 def _chunk(
@@ -348,15 +350,11 @@ def _chunk(
     second: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
     labels: np.ndarray,
     max_len: int,
-    texts: list[str],
-    texts2: list[str] | None,
-    hash_rows: bool,
+    hashes: np.ndarray | None,
 ) -> _Encoded:
     """An :class:`_Encoded` chunk and its statistics; ``second`` is the second texts'
-    ``(values, offsets, full)``; ``hash_rows``: the texts' hashes for the conflicts check
-    (computed here, in the worker)."""
+    ``(values, offsets, full)``; ``hashes``: the texts' hashes for the conflicts check."""
     longest = full if second is None else np.maximum(full, second[2])
-    hashes = text_hashes(texts, texts2) if hash_rows else None
     return _Encoded(
         values.astype(np.int32, copy=False),
         offsets.astype(np.int32, copy=False),
@@ -376,7 +374,7 @@ PENDING = ".pending.arrow"
 
 class _ShardWriter:
     """Buffers encoded chunks and writes ``shard_size``-row shards of one raw file
-    (``pending``: as Arrow IPC files at ``<shard path>`` + :data:`PENDING`)."""
+    (``scratch``: as Arrow IPC files at ``<shard path>`` + :data:`PENDING`)."""
 
     def __init__(
         self,
@@ -385,9 +383,9 @@ class _ShardWriter:
         file_index: int,
         shard_size: int,
         pair: bool,
-        pending: bool = False,
+        scratch: bool = False,
     ):
-        self.pending_format = pending
+        self.scratch = scratch
         self.out_dir, self.split, self.file_index = out_dir, split, file_index
         self.shard_size, self.schema = shard_size, shard_schema(pair)
         self.pending: list[pa.Table] = []
@@ -420,7 +418,7 @@ class _ShardWriter:
         head, rest = table.slice(0, rows), table.slice(rows)
         name = file_shard_name(self.file_index, len(self.written))
         path = io.join(self.out_dir, self.split, name)
-        if self.pending_format:  # scratch: not fsynced (remap_file writes the shard)
+        if self.scratch:  # not fsynced (remap_file writes the shard)
             with io.open_atomic(path + PENDING, "wb", durable=False) as f, pa.ipc.new_file(f, self.schema) as ipc:  # fmt: skip
                 ipc.write_table(head)
         else:
@@ -581,7 +579,7 @@ def tokenize_file(
     """
     out = FileShards("train", file_index, path)
     writer = _ShardWriter(
-        out_dir, "train", file_index, cfg.shard_size, cfg.text2_column is not None, pending=True
+        out_dir, "train", file_index, cfg.shard_size, cfg.text2_column is not None, scratch=True
     )
     key = (tokenizer, cfg.lower, cfg.transliterate, cfg.max_len, cfg.conflicts != "off")
     index: dict[str, int] = {}
@@ -607,13 +605,11 @@ def tokenize_file(
             for lab in dict.fromkeys(chunk.labels):  # the chunk's labels, first seen first
                 label_index.setdefault(lab, len(label_index))
             labels = np.fromiter(map(label_index.__getitem__, chunk.labels), np.int32, len(chunk))
-            enc = _chunk(
+            yield _chunk(
                 first.values, first.offsets, first.full,
                 None if second is None else (second.values, second.offsets, second.full),
-                labels, cfg.max_len, chunk.texts, chunk.texts2, False,
+                labels, cfg.max_len, hashes,
             )  # fmt: skip
-            enc.hashes = hashes
-            yield enc
 
     _pass_file(out, cfg, True, allowed_labels, writer, encode, job)
     out.tokens, out.label_names = list(index), list(label_index)
