@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import psutil
 import pytest
 import yaml
 from test_distributed import COMMON, assert_same_weights, train
@@ -67,6 +68,18 @@ def _finish(procs: list[subprocess.Popen], timeout: float = 300) -> list[str]:
     return errs
 
 
+def _kill_node(proc: subprocess.Popen) -> None:
+    """kill -9 every process of a node, as when its host dies: the CLI, torchrun's agent and
+    the agent's workers, which torch's elastic agent starts in sessions of their own (so
+    killing the node's process group alone leaves a worker training on)."""
+    root = psutil.Process(proc.pid)
+    tree = [root, *root.children(recursive=True)]
+    assert any("stages.train" in " ".join(p.cmdline()) for p in tree[1:]), "no worker yet"
+    for p in tree:
+        p.kill()
+    psutil.wait_procs(tree[1:], timeout=30)  # the root is ours: Popen reaps it (its -9)
+
+
 def test_two_nodes_equal_one_process_with_twice_the_batch(real_subset, tmp_path):
     _, prepared = real_subset
     extra = {"log_sample_ids": True, "lazy_load": True}  # each rank reads its shards lazily
@@ -107,7 +120,7 @@ def test_killing_one_node_then_restarting_both_with_resume_ends_as_uninterrupted
             pass
         time.sleep(0.05)
     assert all(p.poll() is None for p in procs), "the run ended before the kill: make it longer"
-    os.killpg(procs[1].pid, signal.SIGKILL)  # node 1 dies (its agent and its worker)
+    _kill_node(procs[1])  # node 1 dies (its agent and its worker)
     errs = _finish(procs, timeout=180)
     assert procs[1].returncode == -signal.SIGKILL
     assert procs[0].returncode != 0, "node 0 must notice that node 1 is gone"
