@@ -41,6 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from xdpx import io
 from xdpx.data.readers import DataError
@@ -78,6 +79,9 @@ class Corpus:
         write: ``write(out_dir, seed)`` materialises the three TSV files.
         keep_every_label: a ``limit`` keeps at least one train row of every label (the
             long tail's rarest topics would else vanish from a small subset).
+        prepro: prepro keys the corpus needs besides its columns, as a user of these files
+            would set them after prepro's error (STS-B's train has a U+0012 where an
+            apostrophe was: ``control_chars: strip``).
     """
 
     name: str
@@ -88,6 +92,7 @@ class Corpus:
     fixed_split: bool
     write: Callable[[str, int], dict[str, int]] = field(repr=False)
     keep_every_label: bool = False
+    prepro: dict[str, Any] = field(default_factory=dict)
 
     @property
     def columns(self) -> dict[str, str | None]:
@@ -321,6 +326,7 @@ CORPORA: dict[str, Corpus] = {
             True,
             True,
             _write_stsb,
+            prepro={"control_chars": "strip"},
         ),
     )
 }

@@ -149,6 +149,7 @@ def run_corpus_seed(
             "format": "tsv",
             "header": True,
             **corpus.columns,
+            **corpus.prepro,
         }
     )
     prepared_result = STAGES["prepro"].run(prepro_cfg)

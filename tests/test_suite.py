@@ -235,6 +235,33 @@ def test_stsb_from_the_wheel(tmp_path: Path) -> None:
     assert sum(r[2] == "1" for r in rows) / len(rows) == pytest.approx(0.3588, abs=1e-4)
 
 
+@pytest.mark.integration
+def test_stsb_whole_passes_prepro_with_the_corpus_settings(tmp_path: Path) -> None:
+    """The whole STS-B train file has one U+0012 (line 2920, where an apostrophe was):
+    prepro as shipped stops there, naming file and line; with the corpus's ``prepro``
+    settings (as the suite runs it) every pair is kept."""
+    from stages.registry import STAGES
+    from xdpx.data.readers import DataError
+
+    raw = tmp_path / "raw"
+    materialize("stsb", str(raw), seed=1)
+    params = load_params("params.yaml")
+    corpus = CORPORA["stsb"]
+    files = {s: f"{s}.tsv" for s in ("train", "dev", "test")}
+    cfg = params.prepro.model_copy(
+        update={
+            "data_source": str(raw),
+            "data_dir": str(tmp_path / "prepared"),
+            "data_files": files,
+            **corpus.columns,
+        }  # fmt: skip
+    )
+    with pytest.raises(DataError, match=r"train.tsv:2920: control character \(U\+0012\)"):
+        STAGES["prepro"].run(cfg)
+    result = STAGES["prepro"].run(cfg.model_copy(update=corpus.prepro))
+    assert result.rows == {"train": 5749, "dev": 1500, "test": 1379}
+
+
 @pytest.mark.unit
 def test_stsb_threshold_and_errors(tmp_path: Path) -> None:
     path = tmp_path / "sts.csv"
