@@ -23,6 +23,12 @@ train seconds beside the ``svm`` peer's (``pair`` for pairs) whole grid; over co
 mean difference with its standard error (``sqrt(sum SE_i^2) / n``, the corpora being
 independent).
 
+The peers' results can be kept and reused (``peer_cache``; the CLI keeps them under
+``~/.cache/xdpx/suite-peers`` unless ``--no-peer-cache``): they depend on the corpus's
+files, the seed, fastText's grid, the peers' code and the library versions
+(:func:`peer_cache_key`), not on xdpx's config, so a second run of another default takes
+xdpx's time only (the peers are ~95% of a whole suite's, most of it fastText's grid).
+
 Seeds are what makes a difference of a fraction of a point readable: one test set of
 1-2k texts has a standard error of ~1 point. Where the test set is fixed (20 Newsgroups,
 STS-B) the SE over seeds measures the spread of training and dev cut, not the sampling of
@@ -32,6 +38,9 @@ the standard deviation of the per-text difference of correctness / sqrt(n)).
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+import json
 import logging
 import math
 import statistics
@@ -100,8 +109,93 @@ def _peer_record(result: dict[str, Any]) -> dict[str, Any]:
         "seconds": result["seconds"],
         "params": result.get("params", {"C": result.get("C")}),
         "dev_grid": result["dev_accuracy"],
-        **{k: result[k] for k in ("failed", "retried") if result.get(k)},
+        **{k: result[k] for k in ("failed", "retried", "cached") if result.get(k)},
     }
+
+
+#: bump when the peers' records change shape (a cached result of another shape is not read)
+PEER_CACHE_VERSION = 1
+
+
+def peer_cache_key(raw: str, corpus: Corpus, seed: int, fasttext_grid: Any = None) -> str:
+    """What the peers' results on ``raw/{train,dev,test}.tsv`` depend on, as a sha256: the
+    three files' bytes, the corpus's columns and language, the seed, fastText's grid, the
+    source of :mod:`xdpx.baselines` (the peers' code) and the versions of scikit-learn,
+    numpy, scipy and fastText. xdpx's own config and code are not in it: a suite run of
+    another default reuses the peers of an earlier one on the same data."""
+    from importlib import metadata
+
+    import xdpx.baselines
+
+    h = hashlib.sha256()
+    for split in ("train", "dev", "test"):
+        h.update(hashlib.sha256(io.read_bytes(io.join(raw, f"{split}.tsv"))).digest())
+    versions = {}
+    for dist in ("scikit-learn", "numpy", "scipy", "fasttext-numpy2-wheel"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[dist] = None
+    facts = {
+        "version": PEER_CACHE_VERSION,
+        "columns": corpus.columns,
+        "language": corpus.language,
+        "seed": seed,
+        "fasttext_grid": fasttext_grid,
+        "versions": versions,
+    }
+    h.update(json.dumps(facts, sort_keys=True, default=str).encode())
+    h.update(inspect.getsource(xdpx.baselines).encode())
+    return h.hexdigest()
+
+
+def _json_safe(obj: Any) -> Any:
+    """numpy scalars and arrays as Python numbers and lists (for ``json.dumps``)."""
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def cached_run_peers(
+    raw: str,
+    corpus: Corpus,
+    seed: int,
+    fasttext_grid: dict[str, Sequence[Any]] | None = None,
+    cache_dir: str | None = None,
+) -> dict[str, dict[str, Any]]:
+    """:func:`xdpx.baselines.run_peers` on the corpus's files, or its earlier results on the
+    same :func:`peer_cache_key` from ``cache_dir`` (None: always run). Results are written
+    there atomically, one JSON file per key; a peer reported missing (fastText not
+    installed, or failed on every point) is not cached, so a later run tries again. A
+    reused result keeps the seconds it took when it ran, and says ``"cached": true``.
+
+    Returns:
+        As :func:`~xdpx.baselines.run_peers`.
+    """
+    key = peer_cache_key(raw, corpus, seed, fasttext_grid) if cache_dir else None
+    path = io.join(cache_dir, f"{key}.json") if cache_dir else None
+    if path and io.exists(path):
+        try:
+            results = json.loads(io.read_text(path))
+        except ValueError:  # not ours, or damaged by hand: run again and replace it
+            log.warning("peer cache %s is not valid JSON; running the peers again", path)
+        else:
+            log.info("%s seed %d: peers' results from %s", corpus.name, seed, path)
+            return {name: {**r, "cached": True} for name, r in results.items()}
+    columns = corpus.columns
+    results = run_peers(
+        raw,
+        text_column=columns["text_column"] or "text",
+        label_column="label",
+        text2_column=columns["text2_column"],
+        language=corpus.language,
+        seed=seed,
+        fasttext_grid=fasttext_grid,
+    )
+    if path and not any("missing" in r for r in results.values()):
+        io.makedirs(cache_dir)
+        io.write_text(path, json.dumps(results, default=_json_safe))
+    return results
 
 
 def run_corpus_seed(
@@ -113,6 +207,7 @@ def run_corpus_seed(
     limit: int | None = None,
     fasttext_grid: dict[str, Sequence[Any]] | None = None,
     written: dict[str, int] | None = None,
+    peer_cache: str | None = None,
 ) -> dict[str, Any]:
     """Materialise ``corpus`` with ``seed`` under ``work_dir``; run xdpx, the baseline and
     the peers.
@@ -128,6 +223,8 @@ def run_corpus_seed(
         written: the rows per split of raw files already under ``work_dir/raw`` in the
             corpus's layout (``bench/baseline_cv.py`` fetches them with its params); None =
             materialise the corpus there.
+        peer_cache: reuse and keep the peers' results here (:func:`cached_run_peers`);
+            None = run them.
 
     Returns:
         ``{"corpus", "seed", "n": {split: rows}, "xdpx": {"dev", "test", "macro_f1",
@@ -193,16 +290,7 @@ def run_corpus_seed(
     )
     seconds = time.perf_counter() - start
     meta = PreparedMeta.read(prepared)
-    columns = corpus.columns
-    results = run_peers(
-        raw,
-        text_column=columns["text_column"] or "text",
-        label_column="label",
-        text2_column=columns["text2_column"],
-        language=corpus.language,
-        seed=seed,
-        fasttext_grid=fasttext_grid,
-    )
+    results = cached_run_peers(raw, corpus, seed, fasttext_grid, peer_cache)
     for name, result in results.items():
         if "missing" in result:
             log.warning("%s seed %d: peer %s not run: %s", corpus.name, seed, name, result["missing"])  # fmt: skip
@@ -393,6 +481,7 @@ def run_suite(
     on_run: Callable[[dict[str, Any]], None] | None = None,
     limit: int | None = None,
     fasttext_grid: dict[str, Sequence[Any]] | None = None,
+    peer_cache: str | None = None,
 ) -> dict[str, Any]:
     """Run the suite; see the module docstring.
 
@@ -405,6 +494,8 @@ def run_suite(
         on_run: called with each run's result as it finishes (progress lines).
         limit: at most this many rows per split of each corpus (smoke runs); None = all.
         fasttext_grid: the fastText peer's grid (None: ``xdpx.baselines.FASTTEXT_GRID``).
+        peer_cache: reuse and keep the peers' results here (:func:`cached_run_peers`; the
+            CLI's default is ``~/.cache/xdpx/suite-peers``); None = run them every time.
 
     Returns:
         ``{"runs": [...], "per_corpus": {name: :func:`summarize` + :func:`summarize_peers`
@@ -434,6 +525,7 @@ def run_suite(
                     pair_model,
                     limit,
                     fasttext_grid,
+                    peer_cache=peer_cache,
                 )
                 corpus_runs.append(r)
                 if on_run:

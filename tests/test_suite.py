@@ -315,6 +315,50 @@ def test_pair_baseline_on_stsb(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
+def test_peer_cache_reuses_results_of_the_same_files_only(tmp_path: Path, monkeypatch) -> None:
+    """Real STS-B pairs (300 per split): the first call runs the peers and keeps their
+    results; the second reads them back equal (marked cached) without running a peer; a
+    changed train file, another seed or a missing peer runs them again."""
+    import flows.suite as suite
+
+    raw, cache = tmp_path / "raw", str(tmp_path / "cache")
+    materialize("stsb", str(raw), seed=1, limit=300)
+    corpus = CORPORA["stsb"]
+    first = suite.cached_run_peers(str(raw), corpus, 1, cache_dir=cache)
+    assert len(list((tmp_path / "cache").iterdir())) == 1
+    assert len(first["pair"]["test_correct"]) == 300
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("the peers ran again")
+
+    with monkeypatch.context() as m:
+        m.setattr(suite, "run_peers", must_not_run)
+        again = suite.cached_run_peers(str(raw), corpus, 1, cache_dir=cache)
+    assert {n: {k: v for k, v in r.items() if k != "cached"} for n, r in again.items()} == json.loads(json.dumps(first))  # fmt: skip
+    assert all(r["cached"] for r in again.values())
+    assert suite._peer_record(again["pair"])["cached"] is True
+    ran = []
+    real = suite.run_peers
+
+    def counting(*args, **kwargs):
+        ran.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(suite, "run_peers", counting)
+    suite.cached_run_peers(str(raw), corpus, 2, cache_dir=cache)  # another seed
+    lines = (raw / "train.tsv").read_text(encoding="utf-8").splitlines(keepends=True)
+    (raw / "train.tsv").write_text("".join(lines[:-1]), encoding="utf-8")  # one pair fewer
+    fewer = suite.cached_run_peers(str(raw), corpus, 1, cache_dir=cache)
+    assert ran == [1, 1] and fewer["pair"]["n"]["train"] == 299
+    assert len(list((tmp_path / "cache").iterdir())) == 3
+
+    monkeypatch.setattr(suite, "run_peers", lambda *a, **k: {"pair": {"missing": "not installed"}})  # fmt: skip
+    (raw / "train.tsv").write_text("".join(lines[:-2]), encoding="utf-8")
+    suite.cached_run_peers(str(raw), corpus, 1, cache_dir=cache)
+    assert len(list((tmp_path / "cache").iterdir())) == 3  # nothing kept for a missing peer
+
+
+@pytest.mark.integration
 def test_suite_end_to_end(tmp_path: Path) -> None:
     """Two corpora (one of pairs), two seeds, small subsets: every number in the summary
     comes from the runs, each run's xdpx score is evaluate's metrics.json, and the best

@@ -453,6 +453,8 @@ def suite(
     work_dir: str = typer.Option(None, "--work-dir", help="Keep every run's data and model here (default: a temp dir)."),
     json_out: str = typer.Option(None, "--json", help="Write every run, the summaries and the table here."),
     limit: int = typer.Option(None, "--limit", min=10, help="At most N rows per split of each corpus (smoke runs)."),
+    peer_cache: str = typer.Option(None, "--peer-cache", help="Reuse the peers' results of earlier runs on the same files, seed, peer code and library versions, kept here (default: ~/.cache/xdpx/suite-peers, or under $XDPX_CACHE)."),
+    no_peer_cache: bool = typer.Option(False, "--no-peer-cache", help="Run every peer again and keep nothing."),
 ) -> None:  # fmt: skip
     """The benchmark suite: a config against the baseline and the strongest simple peers on real corpora.
 
@@ -464,7 +466,9 @@ def suite(
     each tuned on dev: TF-IDF word + char_wb + LinearSVC, the same + LR, fastText (pairs:
     LR over [|u-v|, u*v, cos]). The table gives the mean test accuracies, the best peer (by
     dev), xdpx minus the best peer with its standard error over seeds, macro-F1, and the
-    time of each side.
+    time of each side. The peers' results are kept and reused while the files, the seed,
+    the peers' code and the library versions are the same (`--no-peer-cache` runs them
+    again): a second run of another config takes xdpx's time only.
 
     **Examples:**
 
@@ -496,12 +500,16 @@ def suite(
             f"({x['prepro_train_seconds']:.0f} s prepro+train) | peers test: {ran}"
             + (f" ({'; '.join(notes)})" if notes else "")
             + f" | best peer {r['best_peer']} (dev {best['dev']:.4f}, {best['params']}) "
-            f"test {best['test']:.4f} ({best['seconds']:.0f} s) | difference "
+            f"test {best['test']:.4f} ({best['seconds']:.0f} s{', cached' if best.get('cached') else ''}) | difference "
             f"{r['difference']:+.4f}"
         )
 
     with _user_errors():
         cfg = load_params(params, list(overrides or []))
+        if not no_peer_cache and peer_cache is None:
+            from xdpx import io
+
+            peer_cache = io.cache_dir("suite-peers")
         result = suite_mod.run_suite(
             cfg,
             corpora=corpus or None,
@@ -510,6 +518,7 @@ def suite(
             work_dir=work_dir,
             on_run=progress,
             limit=limit,
+            peer_cache=None if no_peer_cache else peer_cache,
         )
     typer.echo(result["table"])
     if json_out:
