@@ -52,6 +52,7 @@ __all__ = [
     "SuiteDataError",
     "package_file",
     "materialize",
+    "redraw_without_test",
     "zipf_counts",
     "LT_LARGEST",
     "LT_SMALLEST",
@@ -330,6 +331,54 @@ CORPORA: dict[str, Corpus] = {
         ),
     )
 }
+
+
+def redraw_without_test(out_dir: str, seed: int) -> dict[str, int]:
+    """Replace ``out_dir``'s splits by three drawn from its train + dev rows only, so that a
+    default can be compared without reading the test file (``xdpx suite --dev-only``).
+
+    Per label (the ``label`` column), the label's train + dev rows are shuffled by ``seed``;
+    ``dev`` and ``test`` (a held-out part, not the corpus's test) each get half the label's
+    share of the original dev (``round(n_label * n_dev / n_pool / 2)``, at most what leaves
+    one row in train), train the rest: train keeps its size, and dev's rows are split
+    between dev and the held-out part. Rows keep their file order within a split. The
+    original test file is overwritten unread.
+
+    Returns:
+        Rows written per split.
+
+    Raises:
+        SuiteDataError: train and dev have different headers, or no ``label`` column.
+    """
+    heads, rows = [], []
+    for split in ("train", "dev"):
+        header, *body = io.read_text(io.join(out_dir, f"{split}.tsv")).splitlines()
+        heads.append(header)
+        rows += body
+    if heads[0] != heads[1] or "label" not in heads[0].split("\t"):
+        raise SuiteDataError(f"{out_dir}: train/dev headers {heads} differ or have no 'label'")
+    n_dev = len(io.read_text(io.join(out_dir, "dev.tsv")).splitlines()) - 1
+    col = heads[0].split("\t").index("label")
+    by_label: dict[str, list[int]] = {}
+    for i, row in enumerate(rows):
+        by_label.setdefault(row.split("\t")[col], []).append(i)
+    rng = random.Random(seed)
+    part = {"dev": set(), "test": set()}
+    for label in sorted(by_label):
+        ids = by_label[label]
+        rng.shuffle(ids)
+        k = min(round(len(ids) * n_dev / len(rows) / 2), (len(ids) - 1) // 2)
+        part["dev"].update(ids[:k])
+        part["test"].update(ids[k : 2 * k])
+    held = part["dev"] | part["test"]
+    keep = {
+        "train": [r for i, r in enumerate(rows) if i not in held],
+        "dev": [r for i, r in enumerate(rows) if i in part["dev"]],
+        "test": [r for i, r in enumerate(rows) if i in part["test"]],
+    }
+    for split, body in keep.items():
+        io.write_text(io.join(out_dir, f"{split}.tsv"), "\n".join([heads[0], *body]) + "\n")
+    return {split: len(body) for split, body in keep.items()}
 
 
 def _subsample(path: str, limit: int, seed: int, every_label: bool = False) -> int:

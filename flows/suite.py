@@ -50,7 +50,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from flows.corpora import CORPORA, Corpus, materialize
+from flows.corpora import CORPORA, Corpus, materialize, redraw_without_test
 from stages.registry import STAGES
 from xdpx import io
 from xdpx.baselines import SINGLE_PEERS, read_tsv, run_peers
@@ -208,6 +208,7 @@ def run_corpus_seed(
     fasttext_grid: dict[str, Sequence[Any]] | None = None,
     written: dict[str, int] | None = None,
     peer_cache: str | None = None,
+    dev_only: bool = False,
 ) -> dict[str, Any]:
     """Materialise ``corpus`` with ``seed`` under ``work_dir``; run xdpx, the baseline and
     the peers.
@@ -225,6 +226,9 @@ def run_corpus_seed(
             materialise the corpus there.
         peer_cache: reuse and keep the peers' results here (:func:`cached_run_peers`);
             None = run them.
+        dev_only: compare without the test file: the splits are redrawn from train + dev
+            by ``seed`` (:func:`~flows.corpora.redraw_without_test`), and the run's "test"
+            numbers are of a held-out part of them.
 
     Returns:
         ``{"corpus", "seed", "n": {split: rows}, "xdpx": {"dev", "test", "macro_f1",
@@ -237,6 +241,8 @@ def run_corpus_seed(
     raw, prepared = io.join(work_dir, "raw"), io.join(work_dir, "prepared")
     model_dir = io.join(work_dir, "model")
     counts = written if written is not None else materialize(corpus.name, raw, seed, limit)
+    if dev_only:
+        counts = redraw_without_test(raw, seed)
     start = time.perf_counter()
     prepro_cfg = params.prepro.model_copy(
         update={
@@ -309,6 +315,7 @@ def run_corpus_seed(
     return {
         "corpus": corpus.name,
         "seed": seed,
+        "dev_only": dev_only,
         "n": counts,
         "xdpx": {
             "dev": ours["dev"]["accuracy"],
@@ -482,6 +489,7 @@ def run_suite(
     limit: int | None = None,
     fasttext_grid: dict[str, Sequence[Any]] | None = None,
     peer_cache: str | None = None,
+    dev_only: bool = False,
 ) -> dict[str, Any]:
     """Run the suite; see the module docstring.
 
@@ -496,6 +504,8 @@ def run_suite(
         fasttext_grid: the fastText peer's grid (None: ``xdpx.baselines.FASTTEXT_GRID``).
         peer_cache: reuse and keep the peers' results here (:func:`cached_run_peers`; the
             CLI's default is ``~/.cache/xdpx/suite-peers``); None = run them every time.
+        dev_only: never read a test file (see :func:`run_corpus_seed`): for choosing a
+            default, as the project's rule says.
 
     Returns:
         ``{"runs": [...], "per_corpus": {name: :func:`summarize` + :func:`summarize_peers`
@@ -526,6 +536,7 @@ def run_suite(
                     limit,
                     fasttext_grid,
                     peer_cache=peer_cache,
+                    dev_only=dev_only,
                 )
                 corpus_runs.append(r)
                 if on_run:
@@ -572,7 +583,8 @@ def merge_results(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     recomputed from all its runs.
 
     Raises:
-        ValueError: a corpus and seed appear in two results.
+        ValueError: a corpus and seed appear in two results, or ``dev_only`` runs are mixed
+            with runs scored on the test files.
     """
     by_corpus: dict[str, dict[int, dict[str, Any]]] = {}
     for result in results:
@@ -582,6 +594,8 @@ def merge_results(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 raise ValueError(f"corpus {run['corpus']!r} seed {run['seed']} is in two suite results")  # fmt: skip
             seeds[run["seed"]] = run
     runs = [run for seeds in by_corpus.values() for _, run in sorted(seeds.items())]
+    if len({bool(run.get("dev_only")) for run in runs}) > 1:
+        raise ValueError("cannot merge --dev-only runs with runs scored on the test files")
     per_corpus = {
         name: _corpus_summary([run for _, run in sorted(seeds.items())])
         for name, seeds in by_corpus.items()

@@ -358,6 +358,61 @@ def test_peer_cache_reuses_results_of_the_same_files_only(tmp_path: Path, monkey
     assert len(list((tmp_path / "cache").iterdir())) == 3  # nothing kept for a missing peer
 
 
+@pytest.mark.unit
+def test_redraw_without_test_uses_train_and_dev_only(tmp_path: Path) -> None:
+    """STS-B as the suite writes it: the three redrawn splits are exactly the train + dev
+    pairs (the corpus's test pairs are gone), train keeps its size, dev's rows are shared
+    by dev and the held-out part, the label mix of each split is the pool's, and the
+    draw is the seed's."""
+    from flows.corpora import redraw_without_test
+
+    draws = {}
+    for seed in (1, 1, 2):
+        out = tmp_path / f"s{seed}"
+        materialize("stsb", str(out), seed=seed)
+        pool = Counter(map(tuple, _rows(out / "train.tsv") + _rows(out / "dev.tsv")))
+        counts = redraw_without_test(str(out), seed)
+        splits = {s: _rows(out / f"{s}.tsv") for s in ("train", "dev", "test")}
+        assert counts == {s: len(r) for s, r in splits.items()}
+        assert Counter(map(tuple, sum(splits.values(), []))) == pool
+        assert counts["train"] == pytest.approx(5749, abs=2)
+        assert counts["dev"] == counts["test"] == pytest.approx(750, abs=2)
+        share = sum(n for row, n in pool.items() if row[2] == "1") / sum(pool.values())
+        for rows in splits.values():
+            assert sum(r[2] == "1" for r in rows) / len(rows) == pytest.approx(share, abs=0.002)
+        draws.setdefault(seed, []).append(splits["dev"])
+    assert draws[1][0] == draws[1][1] and draws[1][0] != draws[2][0]
+
+
+@pytest.mark.integration
+def test_suite_dev_only_never_reads_a_test_file(tmp_path: Path, monkeypatch) -> None:
+    """``dev_only``: the suite's runs (xdpx and the peers) score the held-out part of train
+    + dev; the test files the corpus wrote are replaced before anything reads them."""
+    import flows.suite as suite
+
+    read = []
+    real = suite.materialize
+
+    def materialize_and_mark(name, out_dir, seed=1, limit=None):
+        counts = real(name, out_dir, seed, limit)
+        read.append(Path(out_dir) / "test.tsv")
+        Path(out_dir, "test.tsv").write_text("text1\ttext2\tlabel\nnot\tread\t1\n")
+        return counts
+
+    monkeypatch.setattr(suite, "materialize", materialize_and_mark)
+    params = load_params("params.yaml", ["train.max_epoch=1", "train.threads=1"])
+    result = run_suite(params, corpora=["stsb"], seeds=[1], work_dir=str(tmp_path), limit=600, dev_only=True)  # fmt: skip
+    [run] = result["runs"]
+    assert run["dev_only"] and run["n"]["test"] == len(_rows(read[0])) == pytest.approx(300, abs=2)
+    assert run["n"]["train"] == pytest.approx(600, abs=2)  # train keeps its size
+    assert "not\tread" not in read[0].read_text()
+    assert (
+        0 < run["peers"]["pair"]["test"] < 1
+    )  # (run_corpus_seed checks both scored as many texts)
+    with pytest.raises(ValueError, match="dev-only"):
+        merge_results([result, {"runs": [{**run, "seed": 2, "dev_only": False}]}])
+
+
 @pytest.mark.integration
 def test_suite_end_to_end(tmp_path: Path) -> None:
     """Two corpora (one of pairs), two seeds, small subsets: every number in the summary

@@ -455,6 +455,7 @@ def suite(
     limit: int = typer.Option(None, "--limit", min=10, help="At most N rows per split of each corpus (smoke runs)."),
     peer_cache: str = typer.Option(None, "--peer-cache", help="Reuse the peers' results of earlier runs on the same files, seed, peer code and library versions, kept here (default: ~/.cache/xdpx/suite-peers, or under $XDPX_CACHE)."),
     no_peer_cache: bool = typer.Option(False, "--no-peer-cache", help="Run every peer again and keep nothing."),
+    dev_only: bool = typer.Option(False, "--dev-only", help="Never read a test file: redraw dev and a held-out part from train + dev per seed (stratified), and report on those; for choosing defaults."),
 ) -> None:  # fmt: skip
     """The benchmark suite: a config against the baseline and the strongest simple peers on real corpora.
 
@@ -477,6 +478,8 @@ def suite(
     `xdpx suite -c 20newsgroups -s 1 -s 2 train.ngram_weighting=binary`
 
     `xdpx suite -c stsb --pair-model siamese --json reports/suite-siamese.json`
+
+    `xdpx suite --dev-only -c stsb train.loss=squared_hinge`   (a default's choice, test unread)
     """
     import logging
 
@@ -519,8 +522,14 @@ def suite(
             on_run=progress,
             limit=limit,
             peer_cache=None if no_peer_cache else peer_cache,
+            dev_only=dev_only,
         )
     typer.echo(result["table"])
+    if dev_only:
+        typer.echo(
+            "--dev-only: every 'test' column is of a held-out part of train + dev; "
+            "no test file was read"
+        )
     if json_out:
         from xdpx import io
 
