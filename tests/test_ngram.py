@@ -106,8 +106,10 @@ def test_union_rows_equal_sklearn_feature_union(tmp_path) -> None:
 
 @pytest.mark.unit
 def test_match_ngram_union_paths_agree(tmp_path) -> None:
-    """match_ngram with ``ngram_norm: union`` on real STS-B pairs: the training path and the
-    ONNX export's padded path give the same logits; the pair stays symmetric."""
+    """match_ngram with ``ngram_norm: union`` on real STS-B pairs, with the cosine of the whole
+    rows (checkpoints before ``pair_cosine``) and with one scaled cosine per kind (new
+    models): the training path and the ONNX export's padded path give the same logits; the
+    pair stays symmetric."""
     from xdpx.models.ngram import MatchNgram
 
     raw = tmp_path / "stsb"
@@ -115,20 +117,79 @@ def test_match_ngram_union_paths_agree(tmp_path) -> None:
     lines = (raw / "train.tsv").read_text(encoding="utf-8").splitlines()[1:]
     pairs = [[WordTokenizer().tokenize(t) for t in line.split("\t")[:2]] for line in lines]
     vocab, ids = _encode([toks for pair in pairs for toks in pair])
-    model = MatchNgram(
-        len(vocab), 2, [1, 2], 1 << 18, char_ngram_orders=[2, 3, 4, 5],
-        ngram_weighting="tfidf", ngram_norm="union",
-    )  # fmt: skip
-    model.prepare(vocab.tokens, ids)
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.normal_()
-        a, b = _pad(ids[0:32:2]), _pad(ids[1:32:2])
-        logits = model(a, b)
-        torch.testing.assert_close(model._forward_padded_pair(a, b), logits, atol=1e-4, rtol=1e-5)
-        torch.testing.assert_close(model(b, a), logits, atol=1e-5, rtol=1e-5)
-    assert logits.std() > 0.1
+    for cosine in ({"pair_cosine": "joint"}, {"pair_cosine": "per_kind", "cosine_scale": 16}):
+        model = MatchNgram(
+            len(vocab), 2, [1, 2], 1 << 18, char_ngram_orders=[2, 3, 4, 5],
+            ngram_weighting="tfidf", ngram_norm="union", **cosine,
+        )  # fmt: skip
+        assert model.cosine.weight.shape == (2, 2 if cosine["pair_cosine"] == "per_kind" else 1)
+        model.prepare(vocab.tokens, ids)
+        torch.manual_seed(0)
+        with torch.no_grad():
+            for param in model.parameters():
+                param.normal_()
+            a, b = _pad(ids[0:32:2]), _pad(ids[1:32:2])
+            logits = model(a, b)
+            torch.testing.assert_close(model._forward_padded_pair(a, b), logits, atol=1e-4, rtol=1e-5)  # fmt: skip
+            torch.testing.assert_close(model(b, a), logits, atol=1e-5, rtol=1e-5)
+        assert logits.std() > 0.1
+
+
+@pytest.mark.unit
+def test_match_ngram_cosines_per_kind_equal_sklearn(tmp_path) -> None:
+    """``pair_cosine: per_kind`` on real STS-B pairs: the two cosine inputs are the cosines of
+    the pair's word 1-2-gram and ``char_wb``-like 2-5-gram TF-IDF vectors (scikit-learn,
+    fit on both texts), times ``cosine_scale``, in both forward paths; ``joint`` gives their
+    sum, unscaled."""
+    from sklearn.metrics.pairwise import paired_cosine_distances
+
+    from xdpx.models.ngram import MatchNgram
+
+    raw = tmp_path / "stsb"
+    materialize("stsb", str(raw), seed=1, limit=40)
+    lines = (raw / "train.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    pairs = [[WordTokenizer().tokenize(t) for t in line.split("\t")[:2]] for line in lines]
+    flat = [toks for pair in pairs for toks in pair]
+    vocab, ids = _encode(flat)
+    words = lambda toks: _ngrams(toks, [1, 2])  # noqa: E731
+    chars = lambda toks: [g for t in toks for g in char_ngrams(t, [2, 3, 4, 5])[:SUBWORD_WIDTH]]  # noqa: E731
+    want, columns = [], 0
+    for f in (words, chars):
+        x = TfidfVectorizer(analyzer=f, sublinear_tf=True).fit_transform(flat)
+        want.append(1.0 - paired_cosine_distances(x[0::2], x[1::2]))
+        columns += x.shape[1]
+    want = torch.tensor(np.stack(want, axis=1), dtype=torch.float32)  # [pairs, 2]
+    assert want.std() > 0.1  # real pairs: the cosines vary
+    a, b = _pad(ids[0::2]), _pad(ids[1::2])
+    for cosine, expected in (
+        ({"pair_cosine": "per_kind", "cosine_scale": 16.0}, 16.0 * want),
+        ({"pair_cosine": "joint"}, want.sum(dim=1, keepdim=True)),
+    ):
+        model = MatchNgram(
+            len(vocab), 2, [1, 2], 1 << 24, char_ngram_orders=[2, 3, 4, 5],
+            ngram_weighting="tfidf", ngram_norm="union", **cosine,
+        )  # fmt: skip
+        assert model.prepare(vocab.tokens, ids)["num_features"] == columns  # no bucket collision
+        with torch.no_grad():
+            eye = torch.eye(2)[:, : expected.shape[1]]  # logit c = cosine input c
+            model.cosine.weight.copy_(eye)
+            for path in (model, model._forward_padded_pair):
+                got = path(a, b)[:, : expected.shape[1]]
+                torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.unit
+def test_match_ngram_new_config_and_old_checkpoints() -> None:
+    """A new match_ngram config gets ``pair_cosine: per_kind`` and ``cosine_scale: 16``; a
+    config.json saved before those keys existed builds the model it was trained as."""
+    from xdpx.models.ngram import MatchNgram
+
+    new = MatchNgram.resolve_config({"ngram_orders": None, "char_ngram_orders": None}, None)
+    assert (new["pair_cosine"], new["cosine_scale"]) == ("per_kind", 16.0)
+    old = MatchNgram(50, 2, [1, 2], 1 << 10, char_ngram_orders=[2, 3], ngram_norm="union")
+    assert (old.pair_cosine, old.cosine_scale, old.cosine.weight.shape) == ("joint", 1.0, (2, 1))
+    with pytest.raises(ValueError, match="pair_cosine"):
+        MatchNgram(50, 2, pair_cosine="both")
 
 
 @pytest.mark.unit
