@@ -333,6 +333,19 @@ CORPORA: dict[str, Corpus] = {
 }
 
 
+def _rows_by_label(header: str, rows: Sequence[str]) -> dict[str, list[int]]:
+    """The indices of TSV data ``rows`` per value of their ``label`` column, in row order.
+
+    Raises:
+        ValueError: ``header`` has no ``label`` column.
+    """
+    col = header.split("\t").index("label")
+    by_label: dict[str, list[int]] = {}
+    for i, row in enumerate(rows):
+        by_label.setdefault(row.split("\t")[col], []).append(i)
+    return by_label
+
+
 def redraw_without_test(out_dir: str, seed: int) -> dict[str, int]:
     """Replace ``out_dir``'s splits by three drawn from its train + dev rows only, so that a
     default can be compared without reading the test file (``xdpx suite --dev-only``).
@@ -355,13 +368,10 @@ def redraw_without_test(out_dir: str, seed: int) -> dict[str, int]:
         header, *body = io.read_text(io.join(out_dir, f"{split}.tsv")).splitlines()
         heads.append(header)
         rows += body
+    n_dev = len(body)  # the last read: dev
     if heads[0] != heads[1] or "label" not in heads[0].split("\t"):
         raise SuiteDataError(f"{out_dir}: train/dev headers {heads} differ or have no 'label'")
-    n_dev = len(io.read_text(io.join(out_dir, "dev.tsv")).splitlines()) - 1
-    col = heads[0].split("\t").index("label")
-    by_label: dict[str, list[int]] = {}
-    for i, row in enumerate(rows):
-        by_label.setdefault(row.split("\t")[col], []).append(i)
+    by_label = _rows_by_label(heads[0], rows)
     rng = random.Random(seed)
     part = {"dev": set(), "test": set()}
     for label in sorted(by_label):
@@ -389,10 +399,7 @@ def _subsample(path: str, limit: int, seed: int, every_label: bool = False) -> i
     if len(rows) > limit:
         rng = random.Random(seed)
         if every_label:
-            col = header.split("\t").index("label")
-            by_label: dict[str, list[int]] = {}
-            for i, row in enumerate(rows):
-                by_label.setdefault(row.split("\t")[col], []).append(i)
+            by_label = _rows_by_label(header, rows)
             first = {rng.choice(by_label[y]) for y in sorted(by_label)}
             rest = [i for i in range(len(rows)) if i not in first]
             keep = sorted(first | set(rng.sample(rest, max(0, limit - len(first)))))
