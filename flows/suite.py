@@ -172,8 +172,9 @@ def cached_run_peers(
     Returns:
         As :func:`~xdpx.baselines.run_peers`.
     """
-    key = peer_cache_key(raw, corpus, seed, fasttext_grid) if cache_dir else None
-    path = io.join(cache_dir, f"{key}.json") if cache_dir else None
+    path = None
+    if cache_dir:
+        path = io.join(cache_dir, peer_cache_key(raw, corpus, seed, fasttext_grid) + ".json")
     if path and io.exists(path):
         try:
             results = json.loads(io.read_text(path))

@@ -509,7 +509,9 @@ def suite(
 
     with _user_errors():
         cfg = load_params(params, list(overrides or []))
-        if not no_peer_cache and peer_cache is None:
+        if no_peer_cache:
+            peer_cache = None
+        elif peer_cache is None:
             from xdpx import io
 
             peer_cache = io.cache_dir("suite-peers")
@@ -521,7 +523,7 @@ def suite(
             work_dir=work_dir,
             on_run=progress,
             limit=limit,
-            peer_cache=None if no_peer_cache else peer_cache,
+            peer_cache=peer_cache,
             dev_only=dev_only,
         )
     typer.echo(result["table"])

@@ -588,21 +588,21 @@ class MatchNgram(NgramLR):
     is the sum of ``u * v`` (the rows have unit norm), one more input with its own weights;
     with ``ngram_norm`` union and sub-words, ``pair_cosine="per_kind"`` gives one cosine per
     kind (the word n-grams' and the sub-words', each kind having unit norm) where ``"joint"``
-    gives one input, their sum: on STS-B re-split 3 times from train + dev (1,500 dev pairs each, test
-    never read), the pair peer's LR with the two cosines reaches mean dev 79.36 against
-    78.53 with the joint one (each seed higher; docs/benchmark-suite.md).
+    gives one input, their sum: on STS-B re-split 3 times from train + dev (1,500 dev pairs
+    each, test never read), the pair peer's LR with the two cosines reaches mean dev 79.36
+    against 78.53 with the joint one (each seed higher; docs/benchmark-suite.md).
 
     The cosines enter multiplied by ``cosine_scale``. Adam moves each weight by about the
     learning rate per step whatever its input, so a cosine in [0, 1] moves the logits no
     faster than one of the many sparse features and early stopping ends before the model
     leans on it (with ``pair_cosine`` per_kind alone, mean dev 77.80 on those re-splits,
     against 77.76 joint, while at the L2 optimum, fit by L-BFGS with C on dev, per_kind
-    is a point ahead on the first re-split: 78.33 vs 77.27); scaled by 4 /
-    16 / 64: 78.18 / **78.24** / 77.93 (16 above 1 on each of the three). Both together
-    against the model before them, on 5 more cuts (``xdpx suite --dev-only -c stsb``, seeds
-    1-5: 750 dev and 750 held-out pairs each from train + dev): dev 77.99 vs 77.63, held-out
-    77.84 vs 77.41; on the suite's shipped dev (one set, seeds 1-3) 82.05 vs 82.36. Each of the two
-    sparse parts has its own ``[num_features + 1, num_labels]`` table, zero-initialised; idf
+    is a point ahead on the first re-split: 78.33 vs 77.27); scaled by 4 / 16 / 64: 78.18 /
+    **78.24** / 77.93 (16 above 1 on each of the three). Both together against the model
+    before them, on 5 more cuts (``xdpx suite --dev-only -c stsb``, seeds 1-5: 750 dev and
+    750 held-out pairs each from train + dev): dev 77.99 vs 77.63, held-out 77.84 vs 77.41;
+    on the suite's shipped dev (one set, seeds 1-3) 82.05 vs 82.36. Each of the two sparse
+    parts has its own ``[num_features + 1, num_labels]`` table, zero-initialised; idf
     comes from the texts of both sides of the training pairs.
 
     Args: as :class:`NgramLR`, and ``pair_cosine``: ``"per_kind"`` or ``"joint"`` (the
@@ -674,7 +674,8 @@ class MatchNgram(NgramLR):
         key, inverse = torch.unique(key, sorted=True, return_inverse=True)
         u = torch.zeros(len(key)).index_add_(0, inverse[: len(text_u)], val_u)
         v = torch.zeros(len(key)).index_add_(0, inverse[len(text_u) :], val_v)
-        pair, rows = key // width, self.table_rows(key % width)
+        pair, slots = key // width, key % width
+        rows = self.table_rows(slots)
         per_pair = torch.bincount(pair, minlength=batch)
         offsets = torch.cumsum(per_pair, 0) - per_pair
         keep = self._drop(torch.ones_like(u))  # one draw per feature of the pair
@@ -688,7 +689,7 @@ class MatchNgram(NgramLR):
         )  # fmt: skip
         slot = pair * self.cosines
         if self.cosines > 1:  # the kind of a slot: its offset in the kinds' row ranges
-            slot = slot + torch.div(key % width, self.num_features + 1, rounding_mode="floor")
+            slot = slot + torch.div(slots, self.num_features + 1, rounding_mode="floor")
         cos = torch.zeros(batch * self.cosines).index_add_(0, slot, u * v)
         cos = cos.view(batch, self.cosines) * self.cosine_scale
         return diff + prod + self.cosine(cos) + self.bias
