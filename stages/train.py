@@ -44,6 +44,7 @@ from xdpx.models import (
     model_config_from,
     with_model_defaults,
 )
+from xdpx.objectives import build_objective
 from xdpx.rundir import BEST, LAST, RunDir
 from xdpx.stage import stage_main
 from xdpx.trainer import EvalEvent, Trainer, TrainResult
@@ -319,6 +320,10 @@ def _train(
         len(data),
         len(valid) if valid is not None else 0,
     )
+    objective = build_objective(
+        cfg, model, data, model_config.get("num_labels"), meta.pad_id, teacher, mlm,
+        write_pretrained=lambda _: write_pretrained(cfg, meta),
+    )  # fmt: skip
     trainer = Trainer(
         model,
         cfg,
@@ -331,8 +336,7 @@ def _train(
         assets_dir=cfg.data_dir,
         pad_id=meta.pad_id,
         on_eval=on_eval,
-        teacher_logits=teacher,
-        mlm=mlm,
+        objective=objective,
     )
     if resume_path is not None:
         trainer.resume(resume_path)
@@ -343,8 +347,7 @@ def _train(
             if isinstance(lazy, LazySplit):
                 lazy.close()  # the read-ahead threads
     if rank == 0:
-        if mlm is not None:
-            write_pretrained(cfg, meta)
+        objective.after_fit(cfg.save_dir)
         finish_run_info(cfg, result)
     return result
 

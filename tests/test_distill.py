@@ -22,6 +22,7 @@ from xdpx.distill import (
     read_teacher_file,
     teacher_rows,
 )
+from xdpx.objectives import Distillation
 
 STUDENT = dict(
     model="textcnn",
@@ -154,9 +155,9 @@ def test_alpha_zero_is_exactly_plain_training(teacher, tmp_path):
     common = dict(STUDENT, max_update=6, log_interval=1, dropout=0.3, update_freq=2)
     plain = make_trainer(prepared, str(tmp_path / "plain"), **common)
     zero = make_trainer(prepared, str(tmp_path / "zero"), distill_alpha=0.0, **common)
-    zero.teacher_logits = torch.as_tensor(logits)  # what stages.train passes with distill_from
+    zero.objective = Distillation(zero.cfg, logits, len(logits))  # as stages.train builds it
     half = make_trainer(prepared, str(tmp_path / "half"), distill_alpha=0.5, **common)
-    half.teacher_logits = torch.as_tensor(logits)
+    half.objective = Distillation(half.cfg, logits, len(logits))
     init = params_of(plain)
     plain.fit(), zero.fit(), half.fit()
     pp, pz, ph = params_of(plain), params_of(zero), params_of(half)

@@ -311,7 +311,7 @@ def test_freelb_trains_hf_classifier_through_its_word_embeddings(real_subset, tm
         learning_rate=1e-3,
         batch_size=16,
     )
-    assert trainer.freelb.embedding is trainer.module.hf.bert.embeddings.word_embeddings
+    assert trainer.objective.freelb.embedding is trainer.module.hf.bert.embeddings.word_embeddings
     init = params_of(trainer)
     trainer.fit()
     log = pd.read_csv(tmp_path / "run" / "train.log.tsv", sep="\t")

@@ -39,7 +39,6 @@ from xdpx.data.vocab import PAD, UNK, read_tokens
 from xdpx.diagnosis import find_nonfinite
 from xdpx.errors import DivergenceError
 from xdpx.inference import Batch, call_model, pad_batch
-from xdpx.losses import training_loss
 from xdpx.models import build_for_training, model_config_from, with_model_defaults
 from xdpx.sampling import rank_share
 
@@ -808,7 +807,7 @@ def check_reduction(p: Probe) -> Check:
     ref = p.model()
     x, y = p.batch(ids)
     logits = call_model(ref, x)
-    loss = training_loss(logits, y, ids, trainer.class_weight, None, trainer.cfg) / len(ids)
+    loss = trainer.objective.loss(logits, y, ids) / len(ids)
     loss.backward()
     g_ref = _grads(ref)
     diff = float((g_acc - g_ref).norm() / g_ref.norm().clamp(min=1e-30))

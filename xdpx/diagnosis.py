@@ -41,7 +41,13 @@ def _has_nonfinite(value: Any) -> bool:
     return False
 
 
-def find_nonfinite(model: nn.Module, x: Batch, y: torch.Tensor, autocast: Any = nullcontext) -> str:
+def find_nonfinite(
+    model: nn.Module,
+    x: Batch,
+    y: torch.Tensor,
+    autocast: Any = nullcontext,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+) -> str:
     """Re-run one micro-batch with hooks and name where NaN/Inf first appears.
 
     Forward hooks on every module (enabled only for this re-run) record the
@@ -56,6 +62,8 @@ def find_nonfinite(model: nn.Module, x: Batch, y: torch.Tensor, autocast: Any = 
         x: ``[batch, seq_len]`` input ids, or a tuple of them for a pair model
             (called as ``model(*x)``); y: ``[batch]`` labels.
         autocast: zero-argument callable returning the autocast context used in training.
+        loss_fn: ``loss_fn(logits, y)``, the training objective's loss (None: summed
+            cross-entropy).
 
     Returns:
         A phrase such as ``"output of module 'convs.1' (Conv1d)"``.
@@ -72,7 +80,10 @@ def find_nonfinite(model: nn.Module, x: Batch, y: torch.Tensor, autocast: Any = 
         model.zero_grad(set_to_none=True)
         with autocast():
             logits = call_model(model, x)
-        loss = F.cross_entropy(logits.float(), y, reduction="sum")
+        if loss_fn is None:
+            loss = F.cross_entropy(logits.float(), y, reduction="sum")
+        else:
+            loss = loss_fn(logits, y)
     finally:
         for h in handles:
             h.remove()

@@ -1,4 +1,4 @@
-"""The training loss of a micro-batch: cross-entropy or squared hinge, class-weighted, or distilled."""
+"""The classification loss of a micro-batch: cross-entropy or squared hinge, class-weighted."""
 
 from __future__ import annotations
 
@@ -7,9 +7,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-
-from xdpx import log as xlog
-from xdpx.distill import distill_loss
 
 #: ``class_weight: auto`` weights the classes when the largest train class has at least this
 #: many times the samples of the smallest (chosen on the suite's dev splits:
@@ -82,34 +79,20 @@ def squared_hinge(
 
 
 def training_loss(
-    logits: torch.Tensor,
-    y: torch.Tensor,
-    idx: np.ndarray,
-    class_weight: torch.Tensor | None,
-    teacher_logits: torch.Tensor | None,
-    cfg: Any,
+    logits: torch.Tensor, y: torch.Tensor, class_weight: torch.Tensor | None, cfg: Any
 ) -> torch.Tensor:
-    """The loss of a micro-batch, *summed* over its samples (the trainer divides by the
-    window's sample count, so accumulation over micro-batches is exact).
+    """The classification loss of a micro-batch, *summed* over its samples (the trainer
+    divides by the window's sample count, so accumulation over micro-batches is exact).
 
     Args:
         logits: ``[batch, num_labels]``; y: ``[batch]`` class indices.
-        idx: ``[batch]`` sample ids (rows of ``teacher_logits``).
         class_weight: ``[num_labels]`` (``train.class_weight: balanced``) or None.
-        teacher_logits: ``[n_train, num_labels]`` (``train.distill_from``) or None.
-        cfg: the ``train`` section (``loss``, ``distill_alpha``, ``distill_temperature``).
+        cfg: the ``train`` section (``loss``).
 
     Cross-entropy, or :func:`squared_hinge` with ``cfg.loss == "squared_hinge"`` (each
-    sample's loss weighted by its class with ``class_weight``); with teacher
-    logits, Hinton et al.'s distillation loss (``xdpx.distill.distill_loss``), its parts
-    sent to the ``distill_ce`` / ``distill_kl`` summaries (per-sample means).
+    sample's loss weighted by its class with ``class_weight``). Distillation's loss is
+    :class:`xdpx.objectives.Distillation`'s.
     """
-    if teacher_logits is None and getattr(cfg, "loss", "cross_entropy") == "squared_hinge":
+    if getattr(cfg, "loss", "cross_entropy") == "squared_hinge":
         return squared_hinge(logits, y, class_weight)
-    if teacher_logits is None:
-        return F.cross_entropy(logits.float(), y, weight=class_weight, reduction="sum")
-    teacher = teacher_logits[torch.from_numpy(idx).to(logits.device)]
-    loss, ce, kl = distill_loss(logits, y, teacher, cfg.distill_alpha, cfg.distill_temperature)
-    xlog.add_summary("distill_ce", ce / len(idx))
-    xlog.add_summary("distill_kl", kl / len(idx))
-    return loss
+    return F.cross_entropy(logits.float(), y, weight=class_weight, reduction="sum")

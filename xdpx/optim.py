@@ -7,6 +7,7 @@ optimizer is exactly ``AdamW(model.parameters())``.
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -205,3 +206,52 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: Any, total_updates: i
         num_warmup_steps=warmup_updates(cfg, total_updates),
         num_training_steps=total_updates,
     )
+
+
+def current_lr(optimizer: torch.optim.Optimizer, learning_rate: float) -> float:
+    """The learning rate to log: the first group's, or with several groups (a head or no-decay
+    group of its own) ``learning_rate`` times the schedule's current factor."""
+    groups = optimizer.param_groups
+    if len(groups) > 1:
+        return learning_rate * groups[0]["lr"] / groups[0]["initial_lr"]
+    return groups[0]["lr"]
+
+
+def halve_micro_batch(
+    state: Any,
+    auto_ga: bool,
+    optimizer: torch.optim.Optimizer,
+    oom: Exception,
+    n_local: int,
+    logged: bool,
+) -> bool:
+    """``train.auto_ga`` after a CUDA out-of-memory: halve ``state.micro_batch_size`` (the
+    update is then redone on the same samples in more micro-batches, so it is unchanged) and
+    clear the gradients and CUDA's cache; the first halving is logged.
+
+    Args:
+        state: the trainer's state (``micro_batch_size``, ``num_updates``).
+        auto_ga: ``train.auto_ga``; oom: the error; n_local: samples of this rank's share;
+        logged: a halving was logged already.
+
+    Returns:
+        True (a halving has been logged).
+
+    Raises:
+        the ``oom`` itself without ``auto_ga`` or at micro-batch 1.
+    """
+    if not auto_ga or state.micro_batch_size == 1:
+        raise oom
+    optimizer.zero_grad(set_to_none=True)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    state.micro_batch_size = math.ceil(state.micro_batch_size / 2)
+    if not logged:
+        logging.getLogger("xdpx.trainer").warning(
+            "auto_ga: CUDA out of memory at update %d; retrying with micro-batch %d "
+            "(%d micro-batches per update, same samples); further halvings are not logged",
+            state.num_updates + 1,
+            state.micro_batch_size,
+            math.ceil(n_local / state.micro_batch_size),
+        )
+    return True

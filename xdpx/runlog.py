@@ -19,6 +19,7 @@ import shutil
 from typing import Any
 
 from xdpx import io
+from xdpx.callbacks import Callback
 from xdpx.rundir import RunDir
 
 #: Columns of ``train.log.tsv`` (``xdpx.log.add_summary`` scalars follow, sorted by name).
@@ -85,8 +86,12 @@ def tsv(rows: list[dict[str, Any]], columns: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-class RunLog:
+class RunLog(Callback):
     """Writes one run's logs. ``enabled=False`` (DDP ranks > 0) makes every call a no-op.
+
+    The trainer's first callback (``xdpx.callbacks``): DVCLive opens at the start of ``fit``
+    (a resumed run first rewrites its logs from the restored rows), each train row and each
+    evaluation is written, DVCLive closes (and a remote mirror is pushed) at the end.
 
     Args:
         run: the run directory.
@@ -98,6 +103,24 @@ class RunLog:
         self.live: Any = None
         self._mirror: io.DirMirror | None = None
 
+    # ------------------------------------------------------------------ the trainer's events
+    def on_fit_start(self, trainer: Any) -> None:
+        resumed = trainer.resumed_from is not None
+        self.open_live(trainer.state.num_updates if resumed else None)
+        if resumed:
+            self.write(trainer.state)  # drop rows the interrupted run wrote after its checkpoint
+
+    def on_train_row(self, trainer: Any, row: dict[str, Any], summaries: dict[str, float]) -> None:
+        self.log_train(trainer.state, row, summaries)
+
+    def on_eval(self, trainer: Any, event: Any) -> None:
+        self.log_valid(trainer.state, event.metrics)
+
+    def on_fit_end(self, trainer: Any) -> None:
+        self.end()
+        self.push_live()  # remote save_dir: the final DVCLive files
+
+    # ------------------------------------------------------------------ the files
     def write(self, state: Any) -> None:
         """Rewrite the TSV logs from ``state``'s rows (``train_rows``, ``valid_rows``, ...)."""
         if not self.enabled:

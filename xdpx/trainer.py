@@ -2,34 +2,34 @@
 
 Read it top to bottom: :meth:`Trainer.fit` runs :meth:`Trainer._loop` (epochs of update
 windows, evaluations, saves, stops); :meth:`Trainer._update` is one optimizer update
-(micro-batches, backward, clip, step). What the loop calls lives in small modules:
+(micro-batches, backward, clip, step). The loop names no task: what is computed comes from
+an objective (:mod:`xdpx.objectives`), and every side effect is a callback (:mod:`xdpx.callbacks`: the run logs and
+DVCLive, ``on_eval`` for tuners and the Prefect progress). The rest lives in small modules:
 :mod:`xdpx.sampling` (epoch order by ``(seed, epoch)``, windows of ``batch_size *
 update_freq * world_size`` samples, each rank's share, the dropout seed of update u by
 ``(seed, u)``: XDPX FAQ, seeds/000), :mod:`xdpx.train_state` (what a bit-exact resume
-needs), :mod:`xdpx.runlog` (TSV logs, DVCLive), :mod:`xdpx.diagnosis` (NaN/Inf and
-``max_loss`` guards naming the first non-finite module, grad norms, profiler),
-:mod:`xdpx.losses` (cross-entropy, class weights, distillation) and :mod:`xdpx.adversarial`
-(FreeLB).
+needs), :mod:`xdpx.diagnosis` (NaN/Inf and ``max_loss`` guards naming the first
+non-finite module, grad norms, profiler).
 
-Each micro-batch loss is the *sum* of per-sample losses divided by the window's samples
-per rank, so after DDP's gradient averaging an update equals one big batch of the whole
-window for any split into micro-batches (a partial last window is normalised by its own
-size); all micro-batches but the last run under ``no_sync``. Precision: autocast fp16
-(CUDA, ``GradScaler`` at init scale 128; a skipped step does not advance the scheduler, as
-in HF accelerate) or bf16; fp32 by default. ``auto_ga``: a CUDA OOM redoes the update with
-half the micro-batch (same window). Evaluation every ``eval_interval`` updates (or at epoch
-ends) saves ``last/`` and, on improvement of ``major_metric``, ``best/``; ``tolerance``
-evaluations without improvement stop training. Under DDP all ranks score their share of the
-valid split and gather, so they decide alike; rank 0 saves and logs. ``on_eval`` is the one
-outside call (tuners): raising :class:`StopTraining` there ends training like an early stop.
+Each micro-batch loss is the *sum* of per-sample losses divided by the window's loss units
+per rank (:meth:`xdpx.objectives.Objective.loss_units`: its samples), so after DDP's
+gradient averaging an update equals one big batch of the whole window for any split into
+micro-batches (a partial last window is normalised by its own size); all micro-batches but
+the last run under ``no_sync``. Precision: autocast fp16 (CUDA, ``GradScaler`` at init
+scale 128; a skipped step leaves the scheduler where it was, as in HF accelerate) or bf16;
+fp32 by default. ``auto_ga``: a CUDA OOM redoes the update with half the micro-batch (same
+window). Evaluation every ``eval_interval`` updates (or at epoch ends) saves ``last/`` and,
+on improvement of ``major_metric``, ``best/``; ``tolerance`` evaluations without
+improvement stop training. Under DDP all ranks score their share of the valid split and
+gather, so they decide alike; rank 0 saves and logs. A callback raising
+:class:`StopTraining` in ``on_eval`` ends training like an early stop.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import Any
 
@@ -38,26 +38,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from xdpx import diagnosis
+from xdpx import diagnosis, optim
 from xdpx import log as xlog
-from xdpx.adversarial import FreeLB, rng_state, set_rng_state
+from xdpx.callbacks import Callback, CallbackList, OnEval
 from xdpx.checkpoint import save_checkpoint
 from xdpx.config import TrainConfig
 from xdpx.data.lazy import InMemoryData, LazySplit, TrainData
 from xdpx.diagnosis import find_nonfinite
-from xdpx.inference import (
-    Batch,
-    as_samples,
-    call_model,
-    pad_batch,
-    predict_probs_sharded,
-    to_device,
-)
-from xdpx.losses import resolve_class_weight, training_loss
-from xdpx.metrics import classification_metrics
-from xdpx.mlm import IGNORE_INDEX, MaskedLM, evaluate_mlm, mlm_loss, pad_masked
+from xdpx.inference import Batch, as_samples, call_model
 from xdpx.models import with_model_defaults
-from xdpx.optim import build_optimizer, build_scheduler, clip_grad_norm
+from xdpx.objectives import Objective, build_objective
 from xdpx.rundir import BEST, LAST, RunDir
 from xdpx.runlog import RunLog, progress_bar, train_row
 from xdpx.sampling import micro_batches, place, rank_share, total_updates, update_seed
@@ -76,7 +66,7 @@ __all__ = ["Trainer", "TrainResult", "EvalEvent", "StopTraining"]
 
 
 class Trainer:
-    """Trains ``model`` on token-id sequences with cross-entropy.
+    """Trains ``model`` on token-id sequences for an objective (classification by default).
 
     Args:
         model: maps ``input_ids [batch, seq_len]`` to ``logits [batch, num_labels]``;
@@ -94,28 +84,22 @@ class Trainer:
         assets_dir: prepared data dir (vocab/target map/meta copied into checkpoints).
         pad_id: padding id.
         on_eval: called as ``on_eval(EvalEvent)`` after each dev evaluation, once its
-            valid.log.tsv row, DVCLive step and checkpoints are written. It may raise
-            ``StopTraining`` to end training there; any other exception propagates out of
-            ``fit``. Under DDP every rank calls it and must decide the same way.
-        teacher_logits: ``[n, num_labels]`` teacher logits aligned with ``train_seqs``
-            (``xdpx.distill.load_teacher_logits``): adds the distillation term with
-            ``cfg.distill_alpha`` / ``cfg.distill_temperature``. None: plain cross-entropy.
-        mlm: ``train.task: mlm``: the masker (:class:`xdpx.mlm.MaskedLM`). The model is then
-            called as ``model(input_ids, labels)`` (both ``[batch, seq_len]``) and returns
-            the logits of the masked positions, ``[n_masked, vocab_size]``
-            (:class:`xdpx.models.HFMaskedLM`); each window's samples are masked by
-            (seed, epoch, sample id), the loss is the cross-entropy at masked
-            positions divided by the window's masked tokens (so any micro-batching or rank
-            split gives the same update), and evaluation reports MLM loss, perplexity and
-            masked-token accuracy (:func:`xdpx.mlm.evaluate_mlm`); labels are unused.
+            checkpoints are written (:class:`xdpx.callbacks.OnEval`, after ``callbacks``).
+            It may raise ``StopTraining`` to end training there; any other exception
+            propagates out of ``fit``. Under DDP every rank calls it and must decide alike.
+        objective: what the task computes (:mod:`xdpx.objectives`); None:
+            :func:`~xdpx.objectives.build_objective` of ``cfg``.
+        callbacks: subscribers to the training events (:mod:`xdpx.callbacks`), after the run
+            logs (:class:`xdpx.runlog.RunLog`, rank 0).
 
     Under ``torch.distributed`` (initialised by the caller, e.g. ``stages.train`` under
     torchrun) the model is wrapped in ``DistributedDataParallel``.
 
     Raises:
-        ValueError: empty training split, ``auto_ga`` under DDP (one rank cannot change
-            its micro-batch alone), or ``teacher_logits`` of the wrong shape.
-        ConfigError: ``cfg.adv`` set for a model without an embedding layer.
+        ValueError: empty training split, or ``auto_ga`` under DDP (one rank cannot change
+            its micro-batch alone).
+        ConfigError: the default objective cannot be built for this model
+            (:func:`~xdpx.objectives.build_objective`).
     """
 
     def __init__(
@@ -131,33 +115,34 @@ class Trainer:
         assets_dir: str,
         pad_id: int = 0,
         on_eval: Callable[[EvalEvent], None] | None = None,
-        teacher_logits: np.ndarray | None = None,
-        mlm: MaskedLM | None = None,
+        objective: Objective | None = None,
+        callbacks: Sequence[Callback] = (),
     ) -> None:
         if not isinstance(train_seqs, TrainData):
             assert train_labels is not None
             train_seqs = InMemoryData(train_seqs, train_labels, cfg.seed)
         self.data = train_seqs
-        n = len(self.data)
-        if n == 0:
+        if len(self.data) == 0:
             raise ValueError("training split is empty")
-        if teacher_logits is not None and (teacher_logits.ndim != 2 or len(teacher_logits) != n):
-            raise ValueError(
-                f"teacher_logits must be [{n}, num_labels], got {teacher_logits.shape}"
-            )
         self.cfg = cfg = with_model_defaults(cfg)
+        if objective is None:
+            num_labels = model_config.get("num_labels")
+            objective = build_objective(cfg, model, self.data, num_labels, pad_id)
         # module: the bare model (eval, save, diagnose); model: DDP-wrapped under torchrun
         self.module, self.model, self.device, self.world_size, self.rank = place(model, cfg)
+        self.objective = objective.to(self.device)
         self.valid_seqs, self.valid_labels = valid_seqs, valid_labels
         self.model_name, self.model_config = model_name, model_config
         self.assets_dir, self.pad_id = assets_dir, pad_id
         self.save_dir, self.run = cfg.save_dir, RunDir(cfg.save_dir)
         self.is_main = self.rank == 0
         self.logs = RunLog(self.run, enabled=self.is_main)
-        self.optimizer = build_optimizer(self.module, cfg)
+        user = [*callbacks, *([OnEval(on_eval)] if on_eval is not None else [])]
+        self.callbacks = CallbackList([self.logs, *user])
+        self.optimizer = optim.build_optimizer(self.module, cfg)
         self.window_size = cfg.batch_size * cfg.update_freq * self.world_size
-        self.total_updates = total_updates(n, self.window_size, cfg)
-        self.scheduler = build_scheduler(self.optimizer, cfg, self.total_updates)
+        self.total_updates = total_updates(len(self.data), self.window_size, cfg)
+        self.scheduler = optim.build_scheduler(self.optimizer, cfg, self.total_updates)
         self.amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(cfg.precision)
         self.scaler = torch.amp.GradScaler(
             self.device.type, init_scale=128.0, enabled=cfg.precision == "fp16"
@@ -165,26 +150,7 @@ class Trainer:
         self.state = TrainState(micro_batch_size=cfg.batch_size)
         self.resumed_from: str | None = None
         self._auto_ga_logged = False
-        self.on_eval = on_eval
-        self.mlm = mlm
-        self._masked: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # this window's masks
-        self.stop_reason: str | None = None  # message of a StopTraining raised by on_eval
-        self.freelb = FreeLB.from_config(self.module, cfg, pad_id) if cfg.adv == "freelb" else None
-        self._adv_rng = torch.Generator(device=self.device)  # FreeLB's delta_0
-        num_labels = self.model_config.get("num_labels") or len(self.data.label_counts(0))
-        self.class_weight = self.teacher_logits = None
-        if cfg.class_weight and self.mlm is None and teacher_logits is None:
-            weight = resolve_class_weight(cfg.class_weight, self.data.label_counts(int(num_labels)))
-            self.class_weight = weight.to(self.device) if weight is not None else None
-            log.info(
-                "class_weight=%s: %s",
-                cfg.class_weight,
-                "balanced" if weight is not None else "none",
-            )
-        if teacher_logits is not None:
-            self.teacher_logits = torch.as_tensor(teacher_logits, dtype=torch.float32).to(
-                self.device
-            )
+        self.stop_reason: str | None = None  # message of a StopTraining raised by a callback
 
     # ---------------------------------------------------------------- the loop
     def fit(self) -> TrainResult:
@@ -198,9 +164,7 @@ class Trainer:
         """
         cfg, st = self.cfg, self.state
         self._start = time.perf_counter()
-        self.logs.open_live(st.num_updates if self.resumed_from is not None else None)
-        if self.resumed_from is not None:
-            self.logs.write(st)  # drop rows the interrupted run wrote after its checkpoint
+        self.callbacks.on_fit_start(self)
         bar = progress_bar(self.total_updates, st.num_updates, enabled=self.is_main)
         profiler = None
         if cfg.profile and self.is_main:
@@ -213,8 +177,7 @@ class Trainer:
             if profiler is not None:
                 profiler.stop()
             bar.close()
-            self.logs.end()
-        self.logs.push_live()  # remote save_dir: the final DVCLive files
+            self.callbacks.on_fit_end(self)
         if self.world_size > 1:
             dist.barrier()
         return TrainResult.of(st, self.save_dir, cfg.major_metric, self._wall(), len(self.data))
@@ -282,21 +245,23 @@ class Trainer:
             try:
                 loss_sum, correct = self._forward_backward(local, window, denom)
                 break
-            except torch.cuda.OutOfMemoryError as oom:
-                self._halve_micro_batch(oom, len(local))
+            except torch.cuda.OutOfMemoryError as oom:  # auto_ga: half the micro-batch, or raise
+                self._auto_ga_logged = optim.halve_micro_batch(
+                    st, cfg.auto_ga, self.optimizer, oom, len(local), self._auto_ga_logged
+                )
         stats = [loss_sum, correct]
         if self.world_size > 1:
             t = torch.tensor(stats, dtype=torch.float64, device=self.device)
             dist.all_reduce(t)
             stats = t.tolist()
-        loss = stats[0] / denom  # mean loss of the window (per sample; mlm: per masked token)
+        loss = stats[0] / denom  # mean loss of the window per loss unit
         self.scaler.unscale_(self.optimizer)
         if cfg.inspect_grad and (st.num_updates + 1) % cfg.log_interval == 0 and self.is_main:
             st.grad_rows.append(
                 {"update": st.num_updates + 1, **diagnosis.group_grad_norms(self.module)}
             )
         max_norm = cfg.clip_norm if cfg.clip_norm > 0 else float("inf")
-        grad_norm = float(clip_grad_norm(self.module.parameters(), max_norm))
+        grad_norm = float(optim.clip_grad_norm(self.module.parameters(), max_norm))
         fp16 = cfg.precision == "fp16"
         diagnosis.check_update(
             loss, grad_norm, st.num_updates + 1, st.epoch, cfg.max_loss, fp16,
@@ -323,14 +288,9 @@ class Trainer:
         return grad_norm, scale
 
     def _loss_units(self, window: np.ndarray) -> int:
-        """What the window's summed loss is divided by: its samples, or under ``task: mlm``
-        its masked tokens (the masks of the whole window are drawn here, on every rank,
-        so all ranks divide alike)."""
-        if self.mlm is None:
-            return len(window)
-        samples = self.data.samples(window)
-        self._masked = self.mlm.mask_many(samples, window, self.state.epoch)
-        return max(1, sum(int((y >= 0).sum()) for _, y in self._masked.values()))
+        """What the window's summed loss is divided by (the objective's units, computed on
+        every rank, so all ranks divide alike)."""
+        return self.objective.loss_units(self.data, window, self.state.epoch)
 
     def _forward_backward(
         self, local: np.ndarray, window: np.ndarray, denom: int
@@ -340,46 +300,31 @@ class Trainer:
         Under DDP a rank whose share of a short last window is empty still joins the
         gradient all-reduce: it runs the window's first sample with weight 0.
 
-        With FreeLB each micro-batch takes ``adv_steps`` passes (``xdpx.adversarial``), each
-        replaying its random state; the logged loss is their mean, the accuracy the first's.
+        With several passes per micro-batch (:meth:`xdpx.objectives.Objective.passes`)
+        the logged loss is their mean, the accuracy the first's.
         """
         weight = 1.0 if len(local) else 0.0
         chunks = micro_batches(local if len(local) else window[:1], self.state.micro_batch_size)
         per_rank = denom / self.world_size  # DDP averages over ranks: sum / per_rank overall
-        steps = self.freelb.steps if self.freelb is not None else 1
+        objective, steps = self.objective, self.objective.num_passes
+        seed = update_seed(self.cfg.seed, self.state.num_updates, self.rank)
         loss_sum = correct = 0.0
         sink: dict[str, list[float]] = {}
         for k, idx in enumerate(chunks):
             x, y = self._batch(idx)
-            if self.freelb is not None:  # delta_0 from its own stream: dropout stays as without adv
-                seed = update_seed(self.cfg.seed, self.state.num_updates, self.rank)
-                self._adv_rng.manual_seed(seed + k + 1)
-                self.freelb.start(x, self._adv_rng)
-                rng = rng_state(self.device)
-            for t in range(steps):
+            for t, context in enumerate(objective.passes(x, k, seed)):
                 sync = self.world_size == 1 or (k == len(chunks) - 1 and t == steps - 1)
-                if t:  # FreeLB: every ascent step draws the same dropout masks
-                    set_rng_state(rng, self.device)
-                perturb = self.freelb.perturb() if self.freelb is not None else nullcontext()
                 with nullcontext() if sync else self.model.no_sync():
-                    with self._autocast(), xlog.collecting(sink), perturb:
+                    with self._autocast(), xlog.collecting(sink), context:
                         logits = call_model(self.model, x)
                     with xlog.collecting(sink):
-                        loss = (
-                            mlm_loss(logits, y)
-                            if self.mlm is not None
-                            else training_loss(
-                                logits, y, idx, self.class_weight, self.teacher_logits, self.cfg
-                            )
-                        )
+                        loss = objective.loss(logits, y, idx)
                     if not weight:
                         loss = loss * weight
                     self.scaler.scale(loss / (per_rank * steps)).backward()
-                if t < steps - 1:
-                    self.freelb.ascend()  # type: ignore[union-attr]
                 loss_sum += loss.item() / steps
                 if t == 0 and weight:
-                    correct += (logits.argmax(-1) == y).sum().item()
+                    correct += objective.correct(logits, y)
         for name, values in sink.items():
             acc = self.state.summaries.setdefault(name, [0.0, 0])
             acc[0] += sum(values)
@@ -387,13 +332,9 @@ class Trainer:
         return loss_sum, correct
 
     def _batch(self, idx: np.ndarray) -> tuple[Batch, torch.Tensor]:
-        """Padded inputs (a tuple for pairs, each input to its own width) and labels of ``idx``."""
+        """The objective's padded inputs and targets of the samples ``idx``."""
         min_len = getattr(self.module, "min_len", 1)
-        if self.mlm is not None:  # model(masked input, labels) -> logits at the masked positions
-            x, y = pad_masked([self._masked[int(i)] for i in idx], self.pad_id, min_len)
-            return to_device((x, y), self.device), y[y != IGNORE_INDEX].to(self.device)
-        x = pad_batch(self.data.samples(idx), self.pad_id, min_len)
-        return to_device(x, self.device), torch.from_numpy(self.data.labels(idx)).to(self.device)
+        return self.objective.batch(self.data, idx, self.pad_id, min_len, self.device)
 
     def _autocast(self) -> Any:
         enabled = self.amp_dtype is not None
@@ -401,53 +342,28 @@ class Trainer:
             self.device.type, dtype=self.amp_dtype or torch.float32, enabled=enabled
         )
 
-    def _halve_micro_batch(self, oom: Exception, n_local: int) -> None:
-        """``auto_ga`` after a CUDA OOM: half the micro-batch, same window (re-raises otherwise)."""
-        st = self.state
-        if not self.cfg.auto_ga or st.micro_batch_size == 1:
-            raise oom
-        self.optimizer.zero_grad(set_to_none=True)
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        st.micro_batch_size = math.ceil(st.micro_batch_size / 2)
-        if not self._auto_ga_logged:
-            log.warning(
-                "auto_ga: CUDA out of memory at update %d; retrying with micro-batch %d "
-                "(%d micro-batches per update, same samples); further halvings are not logged",
-                st.num_updates + 1,
-                st.micro_batch_size,
-                math.ceil(n_local / st.micro_batch_size),
-            )
-            self._auto_ga_logged = True
-
     def _diagnose(self, local: np.ndarray) -> str:
         """Name where NaN/Inf first appears, re-running this update's micro-batches with hooks."""
         for idx in micro_batches(local, self.state.micro_batch_size):
             torch.manual_seed(update_seed(self.cfg.seed, self.state.num_updates, self.rank))
-            where = find_nonfinite(self.module, *self._batch(idx), self._autocast)
+            x, y = self._batch(idx)
+            loss = lambda logits, y, idx=idx: self.objective.loss(logits, y, idx)  # noqa: E731
+            where = find_nonfinite(self.module, x, y, self._autocast, loss)
             if not where.startswith("nothing"):
                 return where
         return where
 
     # ---------------------------------------------------------------- evaluation, logs, saves
     def evaluate(self) -> dict[str, float]:
-        """Metrics of the current model on the validation split (``classification_metrics``);
-        under DDP each rank scores its share and all return the same metrics."""
+        """The objective's metrics of the current model on the validation split; under DDP
+        each rank scores its share and all return the same metrics."""
         parts = [(self.valid_seqs, self.valid_labels)]
         if isinstance(self.valid_seqs, LazySplit):  # shard by shard
             parts = [(as_samples(d.input_ids, d.input_ids2), d.labels) for d in self.valid_seqs.iter_shards()]  # fmt: skip
-        if self.mlm is not None:
-            return evaluate_mlm(
-                self.module, [x for x, _ in parts], self.mlm, self.cfg.batch_size, self.pad_id,
-                self.device, self.rank, self.world_size,
-            )  # fmt: skip
-        probs = [
-            predict_probs_sharded(
-                self.module, x, 256, self.pad_id, self.device, self.rank, self.world_size
-            )  # fmt: skip
-            for x, _ in parts
-        ]
-        return classification_metrics(np.concatenate([y for _, y in parts]), np.concatenate(probs))
+        return self.objective.evaluate(
+            self.module, parts, self.cfg.batch_size, self.pad_id, self.device, self.rank,
+            self.world_size,
+        )  # fmt: skip
 
     def _eval_and_save(self, epoch: int) -> bool:
         """Evaluate, log, save last (+best); returns True when training should stop early."""
@@ -460,7 +376,6 @@ class Trainer:
             return False
         metrics = self.evaluate()
         improved = st.record_eval(info, metrics, metric, cfg.tolerance)
-        self.logs.log_valid(st, metrics)
         info_v = {**info, "valid": metrics}
         if improved:
             self._save(BEST, info_v)
@@ -471,35 +386,25 @@ class Trainer:
             "update %d epoch %d: valid %s=%.4f (best %.4f at %s)",
             st.num_updates, epoch, metric, metrics[metric], st.best_score, st.best_update,
         )  # fmt: skip
-        if self.on_eval is not None:
-            try:
-                self.on_eval(
-                    EvalEvent(
-                        st.num_updates,
-                        epoch,
-                        st.samples_seen,
-                        dict(metrics),
-                        metric,
-                        st.best_score,
-                        self.total_updates,
-                    )  # fmt: skip
-                )
-            except StopTraining as stop:
-                self.stop_reason = str(stop) or "stop requested by on_eval"
-                log.info("update %d: training stopped: %s", st.num_updates, self.stop_reason)
-                return True
+        event = EvalEvent(
+            st.num_updates, epoch, st.samples_seen, dict(metrics), metric, st.best_score,
+            self.total_updates,
+        )  # fmt: skip
+        try:
+            self.callbacks.on_eval(self, event)
+        except StopTraining as stop:
+            self.stop_reason = str(stop) or "stop requested by on_eval"
+            log.info("update %d: training stopped: %s", st.num_updates, self.stop_reason)
+            return True
         return st.stopped_early
 
     def _log_train_row(self, grad_norm: float, scale: float | None) -> None:
         """Append a ``train.log.tsv`` row (means since the last row) and reset the sums."""
         st = self.state
-        groups = self.optimizer.param_groups
-        lr = groups[0]["lr"]  # several groups: learning_rate x the schedule's current factor
-        if len(groups) > 1:
-            lr = self.cfg.learning_rate * groups[0]["lr"] / groups[0]["initial_lr"]
+        lr = optim.current_lr(self.optimizer, self.cfg.learning_rate)
         row, summaries = train_row(st, lr, grad_norm, scale, self._wall())
         st.train_rows.append({**row, **summaries})
-        self.logs.log_train(st, row, summaries)
+        self.callbacks.on_train_row(self, row, summaries)
         st.window_loss = st.window_correct = st.window_n = 0.0
         st.summaries = {}
 
@@ -520,6 +425,7 @@ class Trainer:
             )  # fmt: skip
         path = self.run.checkpoint(which)
         save_checkpoint(path, self.module, self.model_name, self.model_config, info, self.assets_dir, extra)  # fmt: skip
+        self.callbacks.on_save(self, which, path)
 
     def resume(self, path: str) -> None:
         """Load a full checkpoint (``save_full_checkpoint``) so ``fit`` continues where it stopped
