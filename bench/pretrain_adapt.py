@@ -54,7 +54,7 @@ def mlm_metrics(
     """MLM metrics of ``pretrained`` (a from_pretrained dir or pkg: path) per split."""
     import torch
 
-    from stages.train import _masker
+    from xdpx.mlm import masker_for as _masker
     from xdpx.models import HFMaskedLM
 
     cfg = params.train.model_copy(update={"data_dir": data_dir})

@@ -19,6 +19,7 @@ overfitting one batch). Every check works on a fresh copy of the model built exa
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import tempfile
 import time
@@ -37,7 +38,7 @@ from xdpx.data import VOCAB_FILE, PreparedMeta
 from xdpx.data.lazy import TrainData, open_train_split
 from xdpx.data.vocab import PAD, UNK, read_tokens
 from xdpx.diagnosis import find_nonfinite
-from xdpx.errors import DivergenceError
+from xdpx.errors import DivergenceError, PreflightError
 from xdpx.inference import Batch, call_model, pad_batch
 from xdpx.models import build_for_training, model_config_from, with_model_defaults
 from xdpx.sampling import rank_share
@@ -48,6 +49,7 @@ __all__ = [
     "LR_RANGES",
     "Probe",
     "run_checklist",
+    "preflight_doctor",
 ]
 
 #: Statuses in increasing severity (``skip``: the check does not apply, with the reason).
@@ -963,3 +965,24 @@ def run_checklist(
     finally:
         probe.close()
     return out
+
+
+def preflight_doctor(cfg: TrainConfig) -> None:
+    """``train.preflight_doctor``: run the fast subset of ``xdpx doctor``'s training checks
+    (:data:`xdpx.checklist.FAST`) before anything is written; log each finding.
+
+    Raises:
+        PreflightError: a check failed; the message names each failed check and its fix.
+    """
+
+    def show(c: Any) -> None:
+        level = {"fail": logging.ERROR, "warn": logging.WARNING}.get(c.status, logging.INFO)
+        logging.getLogger("xdpx.train").log(level, "preflight_doctor %s", c.line())
+
+    fails = [c for c in run_checklist(cfg, fast=True, on_check=show) if c.status == "fail"]
+    if fails:
+        raise PreflightError(
+            f"train.preflight_doctor: {len(fails)} check(s) failed before training: "
+            + " | ".join(f"{c.name}: {c.detail}" for c in fails)
+            + " (`xdpx doctor` prints the full report; train.preflight_doctor=false skips it)"
+        )

@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import io as _bytes_io
 import json
+import logging
 import os
 import shutil
 from dataclasses import dataclass
@@ -47,6 +48,8 @@ from xdpx.data import META_FILE, TARGET_MAP_FILE, VOCAB_FILE, PreparedMeta
 from xdpx.models import build_model, check_model_fits_data
 from xdpx.rundir import ALIASES, LAST, RunDir
 
+_log = logging.getLogger("xdpx.train")
+
 __all__ = [
     "ASSETS",
     "CheckpointError",
@@ -58,6 +61,7 @@ __all__ = [
     "load_training_state",
     "find_resumable",
     "TRAINING_FILES",
+    "resume_path",
 ]
 
 #: Files copied from the prepared data dir into every checkpoint.
@@ -337,3 +341,42 @@ def check_reader(section: str, cfg: Any) -> Any:
     for out in outputs:
         preflight.reachable(out)
     return cfg
+
+
+def resume_path(cfg: Any) -> str | None:
+    """The full checkpoint ``train`` resumes from (``cfg``: the ``train`` section's
+    ``resume_from``, ``resume`` and ``save_dir``), or None to start fresh; with ``resume``,
+    the partial saves a killed run left are removed.
+
+    Raises:
+        CheckpointError: ``resume_from`` given but not a full checkpoint, or
+            ``resume`` with a save_dir that holds a run but no full checkpoint.
+    """
+    if cfg.resume_from:
+        return resolve_checkpoint(cfg.resume_from)
+    if not cfg.resume:
+        return None
+    path = find_resumable(cfg.save_dir)
+    run = RunDir(cfg.save_dir)
+    if path is None and run.markers():
+        remote = io.is_remote(cfg.save_dir)
+        if not io.exists(run.last):
+            raise CheckpointError(
+                f"train.resume: {cfg.save_dir} holds a run that never saved a checkpoint "
+                f"(no {LAST}/: it stopped before its first evaluation or save_interval); "
+                "nothing to resume, set train.overwrite=true to start it over"
+            )
+        raise CheckpointError(
+            f"train.resume: {cfg.save_dir} holds a run but no full checkpoint "
+            f"({LAST}/trainer_state.json"
+            + (" with its manifest.json" if remote else "")
+            + "); it was trained without save_full_checkpoint=true"
+            + (f" or the upload of {LAST}/ was interrupted" if remote else "")
+        )
+    if path is not None:
+        stale = remove_partial_saves(cfg.save_dir)
+        if stale:
+            _log.info("train.resume: removed the partial saves of the killed run: %s", stale)
+    if path is None:
+        _log.info("train.resume: nothing to resume in %s; starting a new run", cfg.save_dir)
+    return path

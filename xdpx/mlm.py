@@ -30,6 +30,7 @@ import functools
 import logging
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -42,9 +43,11 @@ __all__ = [
     "IGNORE_INDEX",
     "MASK_TOKENS",
     "MaskedLM",
+    "masker_for",
     "mlm_loss",
     "special_ids",
     "word_ids",
+    "write_pretrained",
 ]
 
 #: Label of positions that are not predicted (``torch.nn.functional.cross_entropy``'s default).
@@ -343,3 +346,45 @@ def evaluate_mlm(
         sums = t.cpu().numpy()
     loss = sums[0] / max(sums[1], 1.0)
     return {"loss": loss, "perplexity": perplexity(loss), "accuracy": sums[2] / max(sums[1], 1.0)}
+
+
+def masker_for(cfg: Any) -> MaskedLM:
+    """The masker of ``task: mlm`` over the prepared data's vocabulary (``vocab.txt`` of
+    ``cfg.data_dir``), with the ``train`` section's ``mlm_probability``,
+    ``mask_whole_words`` and ``seed``."""
+    from xdpx import io
+    from xdpx.data import VOCAB_FILE
+    from xdpx.data.vocab import read_tokens
+
+    tokens = read_tokens(io.join(cfg.data_dir, VOCAB_FILE))
+    return MaskedLM(
+        tokens, MaskedLM.mask_id_for(tokens), cfg.mlm_probability, cfg.mask_whole_words, cfg.seed
+    )
+
+
+def write_pretrained(cfg: Any, meta: Any) -> str:
+    """``task: mlm``: write the run's best checkpoint as ``<save_dir>/pretrained``, a
+    ``from_pretrained`` directory with the data's tokenizer, which ``train.pretrained_model``
+    and ``prepro.tokenizer_path`` accept for fine-tuning.
+
+    Args:
+        cfg: the ``train`` section (``save_dir``); meta: the prepared data's
+            :class:`~xdpx.data.PreparedMeta` (its tokenizer goes along when it is ``hf``).
+
+    Returns:
+        the directory written.
+    """
+    from xdpx import io
+    from xdpx.checkpoint import load_checkpoint
+    from xdpx.rundir import BEST, RunDir
+
+    run = RunDir(cfg.save_dir)
+    model = load_checkpoint(io.join(cfg.save_dir, BEST)).model
+    tokenizer = meta.prepro.get("tokenizer_path") if meta.tokenizer == "hf" else None
+    model.save_pretrained(run.pretrained, tokenizer_dir=tokenizer)
+    logging.getLogger("xdpx.train").info(
+        "wrote %s: fine-tune it with train.pretrained_model=%s%s",
+        run.pretrained, run.pretrained,
+        f" (prepro.tokenizer_path={run.pretrained})" if tokenizer else "",
+    )  # fmt: skip
+    return run.pretrained

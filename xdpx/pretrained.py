@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.resources
+import json
 import logging
 import os
 import shutil
@@ -25,7 +26,7 @@ from collections.abc import Iterator
 
 from xdpx import io
 
-__all__ = ["PKG_PREFIX", "quiet_transformers", "resolve_pretrained"]
+__all__ = ["PKG_PREFIX", "quiet_transformers", "report_loading", "resolve_pretrained"]
 
 log = logging.getLogger("xdpx.pretrained")
 
@@ -106,3 +107,23 @@ def quiet_transformers() -> Iterator[None]:
         hf_logging.set_verbosity(level)
         if bars:
             hf_logging.enable_progress_bar()
+
+
+def report_loading(
+    save_dir: str, pretrained_model: str | None, info: dict[str, list[str]] | None
+) -> None:
+    """Log which of ``pretrained_model``'s weights were missing, unexpected or re-initialised
+    (``info``: transformers' loading info; FAQ: eval mismatches) and save them as
+    ``<save_dir>/loading_info.json``. Nothing when ``info`` is empty."""
+    if not info:
+        return
+    io.write_text(io.join(save_dir, "loading_info.json"), json.dumps(info, indent=2))
+    for kind, what in (
+        ("missing_keys", "newly initialised (not in the checkpoint)"),
+        ("unexpected_keys", "in the checkpoint but unused"),
+        ("mismatched_keys", "shape mismatch, re-initialised"),
+    ):
+        keys = info.get(kind) or []
+        if keys:
+            shown = ", ".join(keys[:8]) + (f", ... ({len(keys)} in all)" if len(keys) > 8 else "")
+            log.warning("pretrained_model %s: %s %s: %s", pretrained_model, kind, what, shown)
