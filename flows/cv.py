@@ -12,7 +12,7 @@ whole run's to ``cv.report`` (``reports/cv.json``, :func:`xdpx.cv.build_report`)
 
 Why the flow runs each fold in its own process: the stages are pure functions of their
 configs, but training uses process-wide torch state: ``torch.manual_seed`` (parameter init,
-and again before every update for dropout, ``xdpx.trainer``) seeds the one global
+and again before every update for dropout, ``xdpx.train.trainer``) seeds the one global
 generator, and ``torch.set_num_threads`` (``train.threads``) sets the one intra-op pool.
 Two folds training in two threads of one process would draw from the same generator in an
 order set by thread timing (a fold's result would depend on the other folds and would not

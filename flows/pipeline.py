@@ -170,17 +170,17 @@ def _stage_task(name: str):
 
 def _train_under_torchrun(cfg: Any, nproc: int) -> Any:
     """Run the train stage with ``cfg`` as ``nproc`` DDP processes on this node (the same
-    ``torchrun`` that ``xdpx train --nproc`` starts: :func:`xdpx.launch.launch_torchrun`),
+    ``torchrun`` that ``xdpx train --nproc`` starts: :func:`xdpx.train.launch.launch_torchrun`),
     the resolved train section handed over in a temporary params file; the result is read
     back from the run's ``result.json``.
 
     Raises:
         RuntimeError: torchrun exited non-zero (its output is in the worker's log).
     """
-    from xdpx.launch import launch_torchrun
     from xdpx import io
     from xdpx.config import dump_yaml
-    from xdpx.trainer import TrainResult
+    from xdpx.train.launch import launch_torchrun
+    from xdpx.train.trainer import TrainResult
 
     fd, path = io.mkstemp("xdpx-train-", io.cache_dir("tmp"), suffix=".yaml")
     try:

@@ -563,7 +563,7 @@ def run(cfg: TuneConfig) -> TuneResult:
     """
     import optuna
 
-    from xdpx.trainer import EvalEvent, StopTraining
+    from xdpx.train.trainer import EvalEvent, StopTraining
 
     study_root = io.join(cfg.save_root, cfg.study)
     tunes_prepro = any(k.startswith("prepro.") for k in cfg.space)

@@ -9,7 +9,7 @@ Procedure for an :class:`~xdpx.config.ExportConfig`:
    local staging file and validate it with ``onnx.checker``;
 4. compare onnxruntime logits with eager PyTorch logits on batches of mixed
    sizes and widths; a max abs difference above ``atol`` fails the stage with
-   :class:`~xdpx.export.ExportParityError`. Nothing claiming success is left in
+   :class:`~xdpx.serving.export.ExportParityError`. Nothing claiming success is left in
    ``out_dir`` then: the staged file is discarded and a ``model.onnx`` /
    ``report.json`` from an earlier run is removed (DVC removes a stage's outputs
    before running it, too);
@@ -47,7 +47,9 @@ from xdpx import io
 from xdpx.checkpoint import ASSETS, check_reader, load_checkpoint
 from xdpx.config import ExportConfig
 from xdpx.data import load_split
-from xdpx.export import (
+from xdpx.inference import Sample, as_samples
+from xdpx.models import input_names
+from xdpx.serving.export import (
     OUTPUT_NAME,
     ExportParityError,
     build_example,
@@ -58,13 +60,11 @@ from xdpx.export import (
     onnx_accuracy,
     quantize_int8,
 )
-from xdpx.inference import Sample, as_samples
-from xdpx.models import input_names
 from xdpx.stage import stage_main
 
 __all__ = ["ExportResult", "load_samples", "run", "main"]
 
-logger = logging.getLogger("xdpx.export")
+logger = logging.getLogger("xdpx.serving.export")
 
 ONNX_NAME = "model.onnx"
 INT8_NAME = "model.int8.onnx"  # export.quantize: int8
@@ -82,9 +82,9 @@ class ExportResult(BaseModel):
         onnx_path: the exported ``model.onnx``.
         report_path: the ``report.json`` beside it.
         checkpoint: resolved checkpoint directory the model came from.
-        parity: :func:`xdpx.export.check_parity` numbers (``max_abs_diff``,
+        parity: :func:`xdpx.serving.export.check_parity` numbers (``max_abs_diff``,
             ``mean_abs_diff``, ``num_samples``, ``argmax_agreement``, ``atol``).
-        latency: :func:`xdpx.export.measure_latency` result (median ms per batch).
+        latency: :func:`xdpx.serving.export.measure_latency` result (median ms per batch).
     """
 
     onnx_path: str

@@ -4,7 +4,7 @@ The file is read and encoded exactly as prepro did for training (format,
 columns, tokenizer, vocab, max_len come from the checkpoint's ``meta.json``).
 Output TSV columns: the input columns (``concat_origin``), then ``pred_label``
 and one ``prob_<label>`` column per class. With ``distill=true`` the output is
-a teacher file for ``train.distill_from`` (see :mod:`xdpx.distill`): ``id``
+a teacher file for ``train.distill_from`` (see :mod:`xdpx.train.distill`): ``id``
 and the text column(s) first, csv quoting, and ``prob_<label>`` plus
 ``logit_<label>`` at full float32 precision.
 """
@@ -21,9 +21,9 @@ from xdpx.checkpoint import check_reader, load_checkpoint
 from xdpx.config import PredictConfig, PreproConfig
 from xdpx.data import DataError, Encoder, PreparedMeta, read_examples
 from xdpx.data.readers import iter_examples
-from xdpx.distill import teacher_rows
 from xdpx.inference import as_samples, format_probs, predict_logits, probs_from_logits
 from xdpx.stage import stage_main
+from xdpx.train.distill import teacher_rows
 
 log = logging.getLogger("xdpx.predict")
 

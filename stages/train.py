@@ -20,8 +20,6 @@ import torch
 import torch.distributed as dist
 
 from xdpx import io, preflight
-from xdpx.bundle import finish_run_info, write_bundle
-from xdpx.checklist import preflight_doctor
 from xdpx.checkpoint import (
     resolve_checkpoint,
 )
@@ -29,21 +27,23 @@ from xdpx.checkpoint import resume_path as checkpoint_to_resume
 from xdpx.config import TrainConfig
 from xdpx.data import VOCAB_FILE, PreparedMeta, load_split
 from xdpx.data.lazy import LazySplit, open_train_split
-from xdpx.distill import load_teacher_logits
+from xdpx.doctor.checklist import preflight_doctor
 from xdpx.inference import as_samples
-from xdpx.launch import init_distributed, relaunch_if_asked
-from xdpx.mlm import masker_for, write_pretrained
 from xdpx.models import (
     build_for_training,
     check_model_fits_data,
     model_config_from,
     with_model_defaults,
 )
-from xdpx.objectives import build_objective
 from xdpx.pretrained import report_loading
 from xdpx.rundir import RunDir
 from xdpx.stage import stage_main
-from xdpx.trainer import EvalEvent, Trainer, TrainResult
+from xdpx.train.bundle import finish_run_info, write_bundle
+from xdpx.train.distill import load_teacher_logits
+from xdpx.train.launch import init_distributed, relaunch_if_asked
+from xdpx.train.mlm import masker_for, write_pretrained
+from xdpx.train.objectives import build_objective
+from xdpx.train.trainer import EvalEvent, Trainer, TrainResult
 
 log = logging.getLogger("xdpx.train")
 
@@ -78,7 +78,7 @@ def run(cfg: TrainConfig, on_eval: Callable[[EvalEvent], None] | None = None) ->
     """Train one model; see the module docstring for the outputs.
 
     ``on_eval`` is passed to the ``Trainer``: called with an ``EvalEvent``
-    after each dev evaluation; raising ``xdpx.trainer.StopTraining`` there
+    after each dev evaluation; raising ``xdpx.train.trainer.StopTraining`` there
     ends the run like an early stop (``xdpx tune`` prunes trials this way).
 
     Under torchrun (``WORLD_SIZE`` > 1) every process calls this: the process
@@ -92,7 +92,7 @@ def run(cfg: TrainConfig, on_eval: Callable[[EvalEvent], None] | None = None) ->
         CheckpointError: the checkpoint to resume from is missing, partial or corrupt.
         ValueError: the checkpoint was trained with an incompatible config.
         DataError: ``distill_from`` is unreadable or not aligned with the training split
-            (``xdpx.distill.load_teacher_logits``: names the file and line).
+            (``xdpx.train.distill.load_teacher_logits``: names the file and line).
         PreflightError: ``preflight_doctor`` is on and a check failed (nothing written).
     """
     cfg = check(cfg)
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> TrainResult | None:
     (DDP; gloo on CPU, NCCL on CUDA) and exits with its status. ``--nnodes M`` (M > 1) makes
     this one of M nodes: run the same command on each host, with the same
     ``--rdzv-endpoint`` (one host's address and a free port) and ``--rdzv-id``
-    (:func:`xdpx.launch.torchrun_command`).
+    (:func:`xdpx.train.launch.torchrun_command`).
     """
     args = relaunch_if_asked(list(sys.argv[1:] if argv is None else argv))
     return stage_main(

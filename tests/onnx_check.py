@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from xdpx.server import ServedModel
+from xdpx.serving.server import ServedModel
 
 
 def onnx_vs_eager(

@@ -15,14 +15,14 @@ from test_trainer import make_trainer, params_of
 from stages import predict, train
 from xdpx.config import ConfigError, PredictConfig, TrainConfig, load_params
 from xdpx.data import DataError, load_split
-from xdpx.distill import (
+from xdpx.train.distill import (
     distill_kl,
     distill_loss,
     load_teacher_logits,
     read_teacher_file,
     teacher_rows,
 )
-from xdpx.objectives import Distillation
+from xdpx.train.objectives import Distillation
 
 STUDENT = dict(
     model="textcnn",

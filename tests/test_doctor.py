@@ -1,4 +1,4 @@
-"""``xdpx doctor``'s training checklist (xdpx/checklist.py) on real data.
+"""``xdpx doctor``'s training checklist (xdpx/doctor/checklist.py) on real data.
 
 Two halves. Clean setups (the built-in corpus with the default config, textcnn, bilstm,
 lazy loading, match_esim on a pair file, MiniLM) must give no FAIL and no WARN. Then the
@@ -35,8 +35,8 @@ import pytest
 import torch
 
 from stages import fetch, prepro, train
-from xdpx.checklist import FAST, run_checklist
 from xdpx.config import FetchConfig, PreproConfig, TrainConfig
+from xdpx.doctor.checklist import FAST, run_checklist
 from xdpx.errors import PreflightError
 from xdpx.models import MODELS
 
@@ -240,7 +240,7 @@ def test_f_label_out_of_range(real_subset, tmp_path):
 
 def test_g_loss_summed_instead_of_averaged_under_accumulation(real_subset, monkeypatch):
     _, prepared = real_subset
-    from xdpx.trainer import Trainer
+    from xdpx.train.trainer import Trainer
 
     def per_micro_batch(self, window):  # each micro-batch's mean, summed over the window
         return math.ceil(len(window) / self.cfg.update_freq)
@@ -332,7 +332,7 @@ def test_j_warmup_longer_than_the_budget(real_subset, warmup):
 def test_schedule_rules_on_made_up_schedules():
     """The WARN no shipped scheduler reaches within its own budget: an lr at ~0 long before
     the first evaluation; and the 10% floor."""
-    from xdpx.checklist import schedule_findings
+    from xdpx.doctor.checklist import schedule_findings
 
     cfg = TrainConfig()
     decayed = np.concatenate([np.ones(200), np.zeros(800)])  # 0 from update 201

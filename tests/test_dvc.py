@@ -114,7 +114,7 @@ def test_reproducing_from_nothing_leaves_the_committed_lock_unchanged(project):
 
 
 def test_touching_a_file_of_a_stages_import_closure_makes_it_out_of_date(project):
-    """xdpx/optim.py runs only in train: editing it makes `dvc status` report train alone (the
+    """xdpx/train/optim.py runs only in train: editing it makes `dvc status` report train alone (the
     downstream reruns only if train's outputs change). xdpx/inference.py runs in train,
     evaluate, predict and export: all four are reported, nothing upstream."""
     root, env = project

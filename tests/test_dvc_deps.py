@@ -57,7 +57,7 @@ def test_fetch_and_prepro_run_no_model_code():
     for module in ("stages.fetch", "stages.prepro"):
         files = {p.relative_to(ROOT).as_posix() for p in import_closure.closure(module)}
         assert not {f for f in files if f.startswith("xdpx/models")}, module
-        assert "xdpx/trainer.py" not in files and "xdpx/checkpoint.py" not in files, module
+        assert "xdpx/train/trainer.py" not in files and "xdpx/checkpoint.py" not in files, module
 
 
 def test_closure_follows_lazy_and_literal_imports(tmp_path):

@@ -1,4 +1,4 @@
-"""Tests of ``xdpx.export`` and ``stages.export``: ONNX export, onnxruntime parity, report."""
+"""Tests of ``xdpx.serving.export`` and ``stages.export``: ONNX export, onnxruntime parity, report."""
 
 from __future__ import annotations
 
@@ -15,15 +15,15 @@ from stages import export as export_stage
 from xdpx.checkpoint import load_checkpoint, save_checkpoint
 from xdpx.config import ExportConfig
 from xdpx.data import PreparedMeta, write_split
-from xdpx.export import (
+from xdpx.inference import pad_batch
+from xdpx.models import MODELS, build_model, input_names
+from xdpx.serving.export import (
     ExportParityError,
     build_example,
     check_parity,
     export_onnx,
     parity_batches,
 )
-from xdpx.inference import pad_batch
-from xdpx.models import MODELS, build_model, input_names
 
 pytestmark = pytest.mark.unit
 

@@ -48,7 +48,7 @@ def _check_outputs_agree(root, run: str = "models/default", reports: str = "repo
     import numpy as np
     import pandas as pd
 
-    from xdpx.server import ServedModel
+    from xdpx.serving.server import ServedModel
 
     metrics = json.loads((root / reports / "metrics.json").read_text())
     pred = pd.read_csv(root / reports / "predictions.tsv", sep="\t", keep_default_na=False)

@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 from test_trainer import make_trainer, params_of
 
-from xdpx.adversarial import FreeLB, init_bound, input_embeddings
 from xdpx.config import MODELS_WITHOUT_EMBEDDINGS, ConfigError, TrainConfig
 from xdpx.data import load_split
 from xdpx.models import MODELS, build_model
+from xdpx.train.adversarial import FreeLB, init_bound, input_embeddings
 
 PAD = 0
 SMALL = {

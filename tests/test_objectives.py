@@ -12,12 +12,12 @@ import pytest
 import torch
 from scipy.stats import pearsonr
 
-from xdpx.callbacks import Callback
 from xdpx.config import TrainConfig
 from xdpx.data import load_split
 from xdpx.models import build_model, model_config_from
-from xdpx.objectives import Classification, Objective, build_objective
-from xdpx.trainer import StopTraining, Trainer
+from xdpx.train.callbacks import Callback
+from xdpx.train.objectives import Classification, Objective, build_objective
+from xdpx.train.trainer import StopTraining, Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,10 +26,10 @@ TASK_NAMES = ("mlm", "teacher", "distill", "freelb", "adv")
 
 @pytest.mark.unit
 def test_the_trainer_names_no_task():
-    """Adding a task is an objective (xdpx/objectives.py), not an edit of the loop."""
-    src = (ROOT / "xdpx" / "trainer.py").read_text(encoding="utf-8")
+    """Adding a task is an objective (xdpx/train/objectives.py), not an edit of the loop."""
+    src = (ROOT / "xdpx" / "train" / "trainer.py").read_text(encoding="utf-8")
     found = [
-        f"xdpx/trainer.py:{n}: {line.strip()}"
+        f"xdpx/train/trainer.py:{n}: {line.strip()}"
         for n, line in enumerate(src.splitlines(), 1)
         for name in TASK_NAMES
         if re.search(name, line, re.IGNORECASE)

@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from xdpx.config import TrainConfig
-from xdpx.losses import squared_hinge
 from xdpx.models import with_model_defaults
-from xdpx.optim import LazyAdamW, clip_grad_norm
+from xdpx.train.losses import squared_hinge
+from xdpx.train.optim import LazyAdamW, clip_grad_norm
 
 pytestmark = pytest.mark.unit
 
@@ -147,7 +147,7 @@ def test_explicit_settings_are_kept() -> None:
 def test_class_weight_auto_weighs_only_imbalanced_classes() -> None:
     """auto: balanced at a 3:1 imbalance or more (20newsgroups-lt's 60:1), none below it
     (STS-B's 1.8:1); classes without samples are ignored in the ratio."""
-    from xdpx.losses import balanced_class_weight, resolve_class_weight
+    from xdpx.train.losses import balanced_class_weight, resolve_class_weight
 
     skewed = np.array([600, 100, 10, 0])
     torch.testing.assert_close(

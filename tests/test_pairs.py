@@ -35,10 +35,10 @@ from xdpx.config import (
     PreproConfig,
     TrainConfig,
 )
-from xdpx.diagnosis import find_nonfinite
 from xdpx.inference import as_samples, pad_batch
 from xdpx.models import MODELS, build_model, input_names
-from xdpx.serve import Predictor, serve_lines
+from xdpx.serving.repl import Predictor, serve_lines
+from xdpx.train.diagnosis import find_nonfinite
 
 PAIR_MODELS = ["match_esim", "siamese", "match_ngram"]
 TINY = {"embedding_dim": 32, "hidden_size": 32, "dropout": 0.1}
@@ -346,7 +346,7 @@ def test_every_model_declares_its_inputs():
 @pytest.mark.integration
 def test_doctor_counts_a_pair_as_leaked_only_when_both_texts_recur(data, tmp_path):
     from xdpx.config import Params
-    from xdpx.doctor import _data
+    from xdpx.doctor.report import _data
 
     train_pairs = read_tsv(data["pairs"] / "train.tsv")
     (tmp_path / "raw").mkdir()

@@ -470,7 +470,7 @@ def test_s3_train_outage_then_resume_equals_uninterrupted(remote, real_subset, t
     assert not io.exists(f"{base}/straight-2/stale.txt")  # overwrite replaced the whole run
 
     # the store goes down at update 8 (last/ was saved at update 6)
-    from xdpx.trainer import Trainer
+    from xdpx.train.trainer import Trainer
 
     log_row = Trainer._log_train_row
 

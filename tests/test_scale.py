@@ -21,7 +21,7 @@ from xdpx.data import DataError, Vocab, make_tokenizer, read_examples
 from xdpx.data.lazy import LazyData, LazySplit
 from xdpx.data.readers import concat_results, iter_examples
 from xdpx.data.shards import load_split
-from xdpx.sampling import shard_epoch_order
+from xdpx.train.sampling import shard_epoch_order
 
 
 def _split_raw(raw: str, out: Path, parts: int = 3) -> Path:

@@ -212,7 +212,7 @@ def test_int8_export_scores_like_fp32_and_serves(single, real_subset):
 
 @pytest.mark.integration
 def test_eager_backend_gives_the_onnx_numbers(single):
-    from xdpx.server import ServedModel
+    from xdpx.serving.server import ServedModel
 
     texts = single["predictions"]["text"].tolist()
     eager, onnx = ServedModel(str(single["run"]), "eager"), ServedModel(str(single["run"]))
@@ -294,7 +294,7 @@ def test_flood_bad_bodies_metrics_and_graceful_shutdown(single):
 # ---------------------------------------------------------------------------- the batcher
 @pytest.mark.unit
 def test_batcher_merges_concurrent_texts_in_order_and_isolates_failures():
-    from xdpx.server import DynamicBatcher, Overloaded, ServeConfig
+    from xdpx.serving.server import DynamicBatcher, Overloaded, ServeConfig
 
     calls: list[list[int]] = []
 
@@ -327,7 +327,7 @@ def test_batcher_merges_concurrent_texts_in_order_and_isolates_failures():
 def test_batcher_runs_cheap_calls_on_the_event_loop_and_slow_ones_in_its_thread():
     import threading
 
-    from xdpx.server import DynamicBatcher, ServeConfig
+    from xdpx.serving.server import DynamicBatcher, ServeConfig
 
     def calls_of(seconds: float, inline_ms: float) -> list[bool]:
         """Which of 4 one-text calls ran on the event loop's thread."""
@@ -357,7 +357,7 @@ def test_batcher_runs_cheap_calls_on_the_event_loop_and_slow_ones_in_its_thread(
 
 @pytest.mark.unit
 def test_length_chunks_keep_long_texts_apart_and_every_index_once():
-    from xdpx.server import length_chunks
+    from xdpx.serving.server import length_chunks
 
     lengths = [5, 100, 6, 7, 90, 3000, 8, 1]
     chunks = length_chunks(lengths)
@@ -375,7 +375,7 @@ def test_hot_endpoints_answer_like_fastapi_and_survive_a_failing_model_call():
     errors, statuses and metrics must still be FastAPI's."""
     from starlette.testclient import TestClient
 
-    from xdpx.server import ServeConfig, create_app
+    from xdpx.serving.server import ServeConfig, create_app
 
     class Stub:  # the parts of ServedModel the app uses; a text "boom" breaks the model call
         name, labels, pair, backend = "stub", ["neg", "pos"], False, "onnx"
@@ -422,7 +422,7 @@ def test_cli_serve_defaults_are_serveconfigs():
     import typer
 
     from xdpx.cli import app
-    from xdpx.server import ServeConfig
+    from xdpx.serving.server import ServeConfig
 
     serve = typer.main.get_command(app).commands["serve"]
     cli = {p.name: p.default for p in serve.params}

@@ -14,8 +14,8 @@ from xdpx.config import TrainConfig
 from xdpx.data import load_split
 from xdpx.errors import DivergenceError, NonFiniteLossError
 from xdpx.models import build_model, model_config_from
-from xdpx.sampling import epoch_order
-from xdpx.trainer import Trainer
+from xdpx.train.sampling import epoch_order
+from xdpx.train.trainer import Trainer
 
 
 def make_trainer(prepared: str, save_dir: str, **overrides) -> Trainer:
@@ -264,7 +264,7 @@ def test_auto_ga_halves_micro_batch_on_oom_and_keeps_the_update(real_subset, tmp
     ref = make_trainer(prepared, str(tmp_path / "ref"), **common)
     ga = make_trainer(prepared, str(tmp_path / "ga"), auto_ga=True, **common)
     ga.model = ga.module = OOMAbove8(ga.model)
-    with caplog.at_level("WARNING", logger="xdpx.trainer"):
+    with caplog.at_level("WARNING", logger="xdpx.train.trainer"):
         ga.fit()
     ref.fit()
     assert ga.state.micro_batch_size == 8

@@ -18,7 +18,7 @@ from xdpx.checkpoint import load_checkpoint
 from xdpx.cli import app
 from xdpx.config import ConfigError, TrainConfig, load_stage_configs
 from xdpx.data import load_split
-from xdpx.trainer import EvalEvent, StopTraining
+from xdpx.train.trainer import EvalEvent, StopTraining
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()

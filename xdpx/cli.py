@@ -358,7 +358,7 @@ def serve(
     from xdpx import io
 
     if http:
-        from xdpx.server import ServeConfig, serve_http
+        from xdpx.serving.server import ServeConfig, serve_http
 
         cfg = ServeConfig(
             max_batch_size, max_wait_ms, max_queue, max_body_bytes, inline_ms=inline_ms
@@ -368,7 +368,7 @@ def serve(
             onnx_file = "model.int8.onnx" if int8 else "model.onnx"
             serve_http(run, host, port, cfg, "onnx" if int8 else backend, threads, onnx_file)
         return
-    from xdpx.serve import Predictor, serve_lines
+    from xdpx.serving.repl import Predictor, serve_lines
 
     with _user_errors():
         predictor = Predictor(run)
@@ -414,7 +414,7 @@ def doctor(
     """
     import time
 
-    from xdpx.doctor import run_checks, write_report
+    from xdpx.doctor.report import run_checks, write_report
 
     args = list(args or [])
     if args and "=" not in args[0]:

@@ -325,7 +325,7 @@ class TrainConfig(_Section):
         "adamw",
         description="adamw (fused AdamW), or lazy_adamw: sparse gradients for the hashed "
         "n-gram tables of ngram_lr/match_ngram, updating only the rows a batch touches "
-        "(xdpx.optim.LazyAdamW; far faster on big tables); auto = lazy_adamw for models "
+        "(xdpx.train.optim.LazyAdamW; far faster on big tables); auto = lazy_adamw for models "
         "with such tables, else adamw.",
     )
     weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay.")
@@ -398,7 +398,7 @@ class TrainConfig(_Section):
         description="balanced: weight each sample's loss by n / (num_labels x n_class) "
         "of its class in train (scikit-learn's class_weight='balanced'); auto: balanced when "
         "the largest train class has at least 3x the samples of the smallest "
-        "(xdpx.losses.IMBALANCE_RATIO), else none (never with distill_from); null = all 1.",
+        "(xdpx.train.losses.IMBALANCE_RATIO), else none (never with distill_from); null = all 1.",
     )
     clip_norm: float = Field(5.0, ge=0, description="Clip the global gradient norm; 0 = off.")
     precision: Literal["fp32", "fp16", "bf16"] = Field(

@@ -86,7 +86,7 @@ TRAIN_PANELS = ("loss", "accuracy")
 
 def _train_panels(train_log: pd.DataFrame) -> list[str]:
     """``train/loss``, ``train/accuracy``, then ``train/<name>`` for each ``add_summary`` column."""
-    from xdpx.runlog import TIME_COLUMNS, TRAIN_COLUMNS
+    from xdpx.train.runlog import TIME_COLUMNS, TRAIN_COLUMNS
 
     # runs from before time.log.tsv carry wall_time in train.log.tsv: not a panel
     extra = [c for c in train_log.columns if c not in TRAIN_COLUMNS + TIME_COLUMNS]

@@ -7,7 +7,7 @@ samples and labels of a list of ids. :class:`InMemoryData` holds the split as
 touches plus the next one of the epoch, read in a background thread (it hides the latency
 of an object store), whatever the corpus size.
 
-Order of an epoch with ``lazy_load`` (:func:`xdpx.sampling.shard_epoch_order`): the shards
+Order of an epoch with ``lazy_load`` (:func:`xdpx.train.sampling.shard_epoch_order`): the shards
 in an order drawn from ``(seed, epoch)``, and the rows of each shard in an order drawn from
 ``(seed, epoch, shard)``; every epoch, the first one included (XDPX kept the first epoch
 in file order so training could start while prepro still wrote shards; xdpx does not
@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from xdpx import io
 from xdpx.data.shards import SplitData, flat_column, split_flat, split_shards
 from xdpx.data.shards import load_split as _load_split  # open_train_split
-from xdpx.sampling import epoch_order, shard_epoch_order
+from xdpx.train.sampling import epoch_order, shard_epoch_order
 
 __all__ = ["TrainData", "InMemoryData", "LazyData", "LazySplit", "open_train_split"]
 
@@ -73,7 +73,7 @@ class TrainData:
 
 
 class InMemoryData(TrainData):
-    """The whole split in memory; the epoch order is :func:`xdpx.sampling.epoch_order`.
+    """The whole split in memory; the epoch order is :func:`xdpx.train.sampling.epoch_order`.
 
     Args:
         samples: ``n`` samples (``xdpx.inference.as_samples``).

@@ -10,7 +10,7 @@ is padded up to it). :func:`input_names` tells the two kinds apart.
 
 A model with a token embedding layer exposes it as ``get_input_embeddings()``
 (the ``transformers`` name; every model but ``ngram_lr``): FreeLB
-(:mod:`xdpx.adversarial`) adds its perturbation to that layer's output.
+(:mod:`xdpx.train.adversarial`) adds its perturbation to that layer's output.
 """
 
 from __future__ import annotations

@@ -96,7 +96,7 @@ class BiLSTMEncoder(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def get_input_embeddings(self) -> nn.Embedding:
-        """The token embedding layer (FreeLB perturbs its output; see ``xdpx.adversarial``)."""
+        """The token embedding layer (FreeLB perturbs its output; see ``xdpx.train.adversarial``)."""
         return self.embedding
 
     def contextualize(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -217,7 +217,7 @@ class HFClassifier(nn.Module):
 
     def get_input_embeddings(self) -> nn.Module:
         """The word embeddings (before position/type embeddings are added): FreeLB perturbs
-        their output, as the official FreeLB code does (``xdpx.adversarial``)."""
+        their output, as the official FreeLB code does (``xdpx.train.adversarial``)."""
         return self.hf.get_input_embeddings()
 
     def _inputs(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -256,7 +256,7 @@ class HFMaskedLM(HFClassifier):
     """``hf_mlm``: a transformers ``AutoModelForMaskedLM`` for ``train.task: mlm``.
 
     Maps ``input_ids [batch, seq_len]`` to ``logits [batch, seq_len, vocab_size]`` (the
-    token predictions at every position; :mod:`xdpx.mlm` draws the masks and the loss).
+    token predictions at every position; :mod:`xdpx.train.mlm` draws the masks and the loss).
     The constructor arguments are :class:`HFClassifier`'s (``num_labels`` is kept only so
     config.json has the same keys) plus ``carried``.
 
@@ -310,7 +310,7 @@ class HFMaskedLM(HFClassifier):
 
         Args:
             input_ids: ``[batch, seq_len]`` int64, right-padded.
-            labels: ``[batch, seq_len]`` (``xdpx.mlm``: original ids at masked positions,
+            labels: ``[batch, seq_len]`` (``xdpx.train.mlm``: original ids at masked positions,
                 -100 elsewhere) or None.
 
         Returns:

@@ -144,7 +144,7 @@ class NgramLR(nn.Module):
     #: ``train.loss: auto`` means this: the linear SVM's loss (docs/benchmark-suite.md).
     default_loss = "squared_hinge"
     #: tables whose gradients are sparse under ``train.optimizer: lazy_adamw``
-    #: (``xdpx.optim.build_optimizer`` sets :attr:`sparse_grad`)
+    #: (``xdpx.train.optim.build_optimizer`` sets :attr:`sparse_grad`)
     sparse_grad_tables: tuple[str, ...] = ("weight",)
     #: embedding bags emit sparse gradients (only the rows a batch touches)
     sparse_grad = False

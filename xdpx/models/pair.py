@@ -94,7 +94,7 @@ class MatchESIM(nn.Module):
         self.classifier = nn.Linear(h, num_labels)
 
     def get_input_embeddings(self) -> nn.Embedding:
-        """The embedding layer shared by both texts (FreeLB perturbs both; ``xdpx.adversarial``)."""
+        """The embedding layer shared by both texts (FreeLB perturbs both; ``xdpx.train.adversarial``)."""
         return self.encoder.embedding
 
     def _compose(self, x: torch.Tensor, x_tilde: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -174,7 +174,7 @@ class Siamese(nn.Module):
         self.classifier = nn.Linear(hidden_size, num_labels)
 
     def get_input_embeddings(self) -> nn.Embedding:
-        """The embedding layer shared by both texts (FreeLB perturbs both; ``xdpx.adversarial``)."""
+        """The embedding layer shared by both texts (FreeLB perturbs both; ``xdpx.train.adversarial``)."""
         return self.encoder.embedding
 
     def forward(self, input_ids: torch.Tensor, input_ids2: torch.Tensor) -> torch.Tensor:

@@ -41,7 +41,7 @@ class TextCNNEncoder(nn.Module):
         self.convs = nn.ModuleList(nn.Conv1d(embedding_dim, num_filters, k) for k in filter_sizes)
 
     def get_input_embeddings(self) -> nn.Embedding:
-        """The token embedding layer (FreeLB perturbs its output; see ``xdpx.adversarial``)."""
+        """The token embedding layer (FreeLB perturbs its output; see ``xdpx.train.adversarial``)."""
         return self.embedding
 
     def encode(self, input_ids: torch.Tensor) -> torch.Tensor:

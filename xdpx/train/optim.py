@@ -247,7 +247,7 @@ def halve_micro_batch(
         torch.cuda.empty_cache()
     state.micro_batch_size = math.ceil(state.micro_batch_size / 2)
     if not logged:
-        logging.getLogger("xdpx.trainer").warning(
+        logging.getLogger("xdpx.train.trainer").warning(
             "auto_ga: CUDA out of memory at update %d; retrying with micro-batch %d "
             "(%d micro-batches per update, same samples); further halvings are not logged",
             state.num_updates + 1,

@@ -12,7 +12,7 @@ order is not padded: the last window of an epoch holds exactly the samples left,
 shares may differ by one (or be empty), and no sample is seen twice in an epoch.
 ``DistributedSampler(drop_last=False)`` instead wraps around to a multiple of
 ``world_size``; that is needed when each rank averages its own loss, not here, where every
-rank divides its summed loss by the window's samples per rank (``xdpx.trainer``), so the
+rank divides its summed loss by the window's samples per rank (``xdpx.train.trainer``), so the
 update equals single-process training on the same window.
 """
 

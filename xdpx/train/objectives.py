@@ -1,4 +1,4 @@
-"""Objectives: what a training task computes, so that :class:`xdpx.trainer.Trainer` never
+"""Objectives: what a training task computes, so that :class:`xdpx.train.trainer.Trainer` never
 names a task (as fairseq's criterions or torchtune's recipes' loss).
 
 An :class:`Objective` is given a window of samples and answers the trainer's questions:
@@ -33,13 +33,13 @@ import torch
 from torch import nn
 
 from xdpx import log as xlog
-from xdpx.adversarial import FreeLB, rng_state, set_rng_state
 from xdpx.data.lazy import TrainData
-from xdpx.distill import distill_loss
 from xdpx.inference import Batch, pad_batch, predict_probs_sharded, to_device
-from xdpx.losses import resolve_class_weight, training_loss
 from xdpx.metrics import classification_metrics
-from xdpx.mlm import IGNORE_INDEX, MaskedLM, evaluate_mlm, mlm_loss, pad_masked
+from xdpx.train.adversarial import FreeLB, rng_state, set_rng_state
+from xdpx.train.distill import distill_loss
+from xdpx.train.losses import resolve_class_weight, training_loss
+from xdpx.train.mlm import IGNORE_INDEX, MaskedLM, evaluate_mlm, mlm_loss, pad_masked
 
 __all__ = [
     "Classification",
@@ -50,7 +50,7 @@ __all__ = [
     "build_objective",
 ]
 
-log = logging.getLogger("xdpx.trainer")
+log = logging.getLogger("xdpx.train.trainer")
 
 #: Parts of a split to score: ``(samples, labels)`` pairs (one per shard of a lazy split).
 Parts = Sequence[tuple[Sequence[Any], np.ndarray | None]]
@@ -120,7 +120,7 @@ class Objective:
 
 class Classification(Objective):
     """Cross-entropy (or ``train.loss: squared_hinge``) over class indices, each sample
-    weighted by its class's weight (``train.class_weight``; :func:`xdpx.losses.training_loss`).
+    weighted by its class's weight (``train.class_weight``; :func:`xdpx.train.losses.training_loss`).
 
     Args:
         cfg: the ``train`` section (``loss``).
@@ -140,14 +140,14 @@ class Classification(Objective):
 
 
 class Distillation(Classification):
-    """Hinton et al.'s distillation (:func:`xdpx.distill.distill_loss`, ``train.distill_alpha``
+    """Hinton et al.'s distillation (:func:`xdpx.train.distill.distill_loss`, ``train.distill_alpha``
     and ``distill_temperature``) against the teacher's logits of each training sample; its
     parts go to the ``distill_ce`` / ``distill_kl`` summaries (per-sample means).
 
     Args:
         cfg: the ``train`` section.
         teacher_logits: ``[n_train, num_labels]``, row ``i`` for sample id ``i``
-            (:func:`xdpx.distill.load_teacher_logits`).
+            (:func:`xdpx.train.distill.load_teacher_logits`).
         n: training samples.
 
     Raises:
@@ -177,11 +177,11 @@ class Distillation(Classification):
 
 class MaskedLMObjective(Objective):
     """``train.task: mlm``: each window's samples are masked by (seed, epoch, sample id)
-    (:class:`xdpx.mlm.MaskedLM`); the model is called as ``model(input_ids, labels)`` (both
+    (:class:`xdpx.train.mlm.MaskedLM`); the model is called as ``model(input_ids, labels)`` (both
     ``[batch, seq_len]``) and returns the logits of the masked positions,
     ``[n_masked, vocab_size]`` (:class:`xdpx.models.HFMaskedLM`); the loss is the
     cross-entropy at masked positions divided by the window's masked tokens; evaluation
-    reports MLM loss, perplexity and masked-token accuracy (:func:`xdpx.mlm.evaluate_mlm`).
+    reports MLM loss, perplexity and masked-token accuracy (:func:`xdpx.train.mlm.evaluate_mlm`).
 
     Args:
         masker: the masker; write_pretrained: called with the run directory after training
@@ -225,7 +225,7 @@ class MaskedLMObjective(Objective):
 
 class FreeLBPasses(Objective):
     """``train.adv: freelb``: ``inner``'s task with FreeLB's ``adv_steps`` passes per
-    micro-batch (:class:`xdpx.adversarial.FreeLB`): ``delta_0`` drawn from a generator of its
+    micro-batch (:class:`xdpx.train.adversarial.FreeLB`): ``delta_0`` drawn from a generator of its
     own, seeded per micro-batch (so dropout stays that of plain training), every pass drawing
     the same dropout masks, the perturbation ascended between passes.
 

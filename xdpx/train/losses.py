@@ -91,7 +91,7 @@ def training_loss(
 
     Cross-entropy, or :func:`squared_hinge` with ``cfg.loss == "squared_hinge"`` (each
     sample's loss weighted by its class with ``class_weight``). Distillation's loss is
-    :class:`xdpx.objectives.Distillation`'s.
+    :class:`xdpx.train.objectives.Distillation`'s.
     """
     if getattr(cfg, "loss", "cross_entropy") == "squared_hinge":
         return squared_hinge(logits, y, class_weight)

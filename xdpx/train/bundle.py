@@ -76,7 +76,7 @@ def _utc_now() -> str:
 
 
 def finish_run_info(cfg: TrainConfig, result: Any) -> None:
-    """Write ``result.json`` (what the run produced: a ``xdpx.train_state.TrainResult``,
+    """Write ``result.json`` (what the run produced: a ``xdpx.train.state.TrainResult``,
     without its wall time) and add the end time and ``wall_time`` (seconds) to ``run.json``."""
     run_dir = RunDir(cfg.save_dir)
     pure = {k: v for k, v in result.__dict__.items() if k != "wall_time"}

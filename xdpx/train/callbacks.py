@@ -1,18 +1,18 @@
 """Callbacks: the side effects of training subscribe to the trainer's events, as Lightning's
 callbacks or HF's ``TrainerCallback`` do, instead of being wired into the loop.
 
-The events, in the order :class:`xdpx.trainer.Trainer` fires them on every rank:
+The events, in the order :class:`xdpx.train.trainer.Trainer` fires them on every rank:
 
 * ``on_fit_start(trainer)``: before the first update (after a resume's restore);
 * ``on_train_row(trainer, row, summaries)``: a ``train.log.tsv`` row was added to the state
   (every ``log_interval`` updates);
 * ``on_save(trainer, which, path)``: a checkpoint was written (rank 0 only);
 * ``on_eval(trainer, event)``: a dev evaluation was recorded and its checkpoints written
-  (:class:`xdpx.train_state.EvalEvent`); raising :class:`xdpx.train_state.StopTraining` here
+  (:class:`xdpx.train.state.EvalEvent`); raising :class:`xdpx.train.state.StopTraining` here
   is the one way a callback stops training (like an early stop: ``fit`` returns normally);
 * ``on_fit_end(trainer)``: training ended (also when it raised), before ``fit`` returns.
 
-Subscribers: :class:`xdpx.runlog.RunLog` (the TSV logs and DVCLive, rank 0),
+Subscribers: :class:`xdpx.train.runlog.RunLog` (the TSV logs and DVCLive, rank 0),
 :class:`OnEval` (a plain ``on_eval`` function: the tuner's pruning, the Prefect progress
 artifact, tests).
 """
@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from xdpx.train_state import EvalEvent
+from xdpx.train.state import EvalEvent
 
 __all__ = ["Callback", "CallbackList", "OnEval"]
 
@@ -34,7 +34,7 @@ class Callback:
         """Before the first update of ``fit`` (after a resume's restore)."""
 
     def on_train_row(self, trainer: Any, row: dict[str, Any], summaries: dict[str, float]) -> None:
-        """A train-log row (``xdpx.runlog.train_row``) and its summaries were recorded."""
+        """A train-log row (``xdpx.train.runlog.train_row``) and its summaries were recorded."""
 
     def on_save(self, trainer: Any, which: str | int, path: str) -> None:
         """Checkpoint ``which`` (``best``, ``last`` or an update) was written at ``path``."""

@@ -37,11 +37,11 @@ from xdpx.config import TrainConfig
 from xdpx.data import VOCAB_FILE, PreparedMeta
 from xdpx.data.lazy import TrainData, open_train_split
 from xdpx.data.vocab import PAD, UNK, read_tokens
-from xdpx.diagnosis import find_nonfinite
 from xdpx.errors import DivergenceError, PreflightError
 from xdpx.inference import Batch, call_model, pad_batch
 from xdpx.models import build_for_training, model_config_from, with_model_defaults
-from xdpx.sampling import rank_share
+from xdpx.train.diagnosis import find_nonfinite
+from xdpx.train.sampling import rank_share
 
 __all__ = [
     "Check",
@@ -212,11 +212,11 @@ class Probe:
         return x, torch.from_numpy(self.data.labels(ids))
 
     def trainer(self, model: nn.Module, samples: np.ndarray | None = None, **updates: Any) -> Any:
-        """A :class:`~xdpx.trainer.Trainer` over this data (or over ``samples`` only, as a new
+        """A :class:`~xdpx.train.trainer.Trainer` over this data (or over ``samples`` only, as a new
         split), with ``cfg`` keys replaced by ``updates``; no validation split. It writes
         nothing unless ``fit`` or a save runs, and its save_dir is a temporary directory."""
         from xdpx.data.lazy import InMemoryData
-        from xdpx.trainer import Trainer
+        from xdpx.train.trainer import Trainer
 
         cfg = self.cfg.model_copy(update={"save_dir": tempfile.mkdtemp(dir=self.workdir), **updates})  # fmt: skip
         data: TrainData = self.data
@@ -379,7 +379,7 @@ def check_inputs(p: Probe) -> Check:
     Token ids of every prepared split must lie in ``[0, vocab_size)`` and labels in
     ``[0, num_labels)`` (``-1``: unlabelled); the model's parameters must be finite; on the
     first batch every module's output must be finite (forward hooks,
-    :func:`xdpx.diagnosis.find_nonfinite`). Reads at most 200,000 rows per split.
+    :func:`xdpx.train.diagnosis.find_nonfinite`). Reads at most 200,000 rows per split.
     """
     from xdpx.data.lazy import LazySplit
 
@@ -564,9 +564,9 @@ def check_split_consistency(p: Probe, max_rows: int = ALIGN_MAX_ROWS) -> Check:
 
 def schedule_multipliers(cfg: TrainConfig, total: int) -> np.ndarray:
     """``[total]`` the learning rate of updates 1..``total`` as a share of its peak, from
-    the scheduler the trainer builds (:func:`xdpx.optim.build_scheduler`: update ``k``
+    the scheduler the trainer builds (:func:`xdpx.train.optim.build_scheduler`: update ``k``
     runs at ``peak * lr_lambda(k - 1)``)."""
-    from xdpx.optim import build_scheduler
+    from xdpx.train.optim import build_scheduler
 
     opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
     sched = build_scheduler(opt, cfg, total)
@@ -576,7 +576,7 @@ def schedule_multipliers(cfg: TrainConfig, total: int) -> np.ndarray:
 
 def schedule_findings(cfg: TrainConfig, multipliers: np.ndarray, first_eval: int) -> tuple[str, str]:  # fmt: skip
     """``(status, detail)`` of a run's lr schedule (:func:`check_schedule`'s rules)."""
-    from xdpx.optim import warmup_updates
+    from xdpx.train.optim import warmup_updates
 
     total = len(multipliers)
     warmup = warmup_updates(cfg, total)
@@ -595,14 +595,14 @@ def schedule_findings(cfg: TrainConfig, multipliers: np.ndarray, first_eval: int
 
 def check_schedule(p: Probe) -> Check:
     """The learning rate of every update of the run, from the config and the train size as
-    the trainer computes them (budget: :func:`xdpx.sampling.total_updates` of one process;
+    the trainer computes them (budget: :func:`xdpx.train.sampling.total_updates` of one process;
     schedule: :func:`schedule_multipliers`; first evaluation: ``eval_interval`` updates
     after ``eval_interval_warmup``, or the first epoch end). FAIL: the warmup is longer
     than the budget (the lr never leaves it), or the lr never reaches 10% of its peak.
     WARN: after the warmup, more than a tenth of the updates before the first evaluation
     run below 1% of the peak (a schedule that decays to ~0 long before anything is
     evaluated)."""
-    from xdpx.sampling import total_updates
+    from xdpx.train.sampling import total_updates
 
     cfg = p.cfg
     window = cfg.batch_size * cfg.update_freq
@@ -969,7 +969,7 @@ def run_checklist(
 
 def preflight_doctor(cfg: TrainConfig) -> None:
     """``train.preflight_doctor``: run the fast subset of ``xdpx doctor``'s training checks
-    (:data:`xdpx.checklist.FAST`) before anything is written; log each finding.
+    (:data:`xdpx.doctor.checklist.FAST`) before anything is written; log each finding.
 
     Raises:
         PreflightError: a check failed; the message names each failed check and its fix.

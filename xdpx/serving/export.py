@@ -62,7 +62,7 @@ __all__ = [
     "ort_logits",
 ]
 
-logger = logging.getLogger("xdpx.export")
+logger = logging.getLogger("xdpx.serving.export")
 
 INPUT_NAME = "input_ids"
 OUTPUT_NAME = "logits"

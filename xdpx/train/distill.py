@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from xdpx import io
 from xdpx.data import DataError, Encoder, PreparedMeta, SplitData
 
-log = logging.getLogger("xdpx.distill")
+log = logging.getLogger("xdpx.train.distill")
 
 __all__ = [
     "ID_COLUMN",

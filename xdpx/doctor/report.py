@@ -5,7 +5,7 @@ The data checks follow the debugging checklists users run by hand when a
 model does not learn: is the label distribution what you think (majority-class
 rate = the accuracy to beat), are test texts also in train (leakage inflates
 scores), how much is truncated by ``max_len``, is the validation split usable
-for early stopping. Then :mod:`xdpx.checklist` runs the training checklist on the
+for early stopping. Then :mod:`xdpx.doctor.checklist` runs the training checklist on the
 configured model and data (first batch decoded, ``num_labels``, NaN/Inf and ranges,
 label alignment, learning rate, initial loss, padding invariance, gradient flow, data
 order, loss reduction under accumulation, overfitting one batch).
@@ -20,8 +20,8 @@ from collections.abc import Callable
 import numpy as np
 
 from xdpx import io
-from xdpx.checklist import Check, run_checklist
 from xdpx.config import ConfigError, Params, load_params
+from xdpx.doctor.checklist import Check, run_checklist
 
 __all__ = ["Check", "run_checks", "write_report"]
 
@@ -121,7 +121,7 @@ def run_checks(
     on_check: Callable[[Check], None] | None = None,
 ) -> list[Check]:
     """Every check, in order: environment, config, DVC setup, data, then the training
-    checklist (:func:`xdpx.checklist.run_checklist`) when the prepared data exists.
+    checklist (:func:`xdpx.doctor.checklist.run_checklist`) when the prepared data exists.
 
     Args:
         params_file: the params file.

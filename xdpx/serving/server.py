@@ -59,10 +59,10 @@ from starlette.routing import Match, Route
 
 from xdpx import io
 from xdpx.data import Encoder
-from xdpx.export import ort_logits, ort_session
 from xdpx.inference import Sample, as_samples, call_model, pad_batch, probs_from_logits
+from xdpx.serving.export import ort_logits, ort_session
 
-log = logging.getLogger("xdpx.server")
+log = logging.getLogger("xdpx.serving.server")
 
 __all__ = [
     "ServeConfig",
@@ -156,7 +156,7 @@ class ServedModel:
         else:  # the REPL's loader: a run dir means its <best>
             import torch
 
-            from xdpx.serve import Predictor
+            from xdpx.serving.repl import Predictor
 
             if threads:
                 torch.set_num_threads(threads)

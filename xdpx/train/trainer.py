@@ -3,16 +3,16 @@
 Read it top to bottom: :meth:`Trainer.fit` runs :meth:`Trainer._loop` (epochs of update
 windows, evaluations, saves, stops); :meth:`Trainer._update` is one optimizer update
 (micro-batches, backward, clip, step). The loop names no task: what is computed comes from
-an objective (:mod:`xdpx.objectives`), and every side effect is a callback (:mod:`xdpx.callbacks`: the run logs and
+an objective (:mod:`xdpx.train.objectives`), and every side effect is a callback (:mod:`xdpx.train.callbacks`: the run logs and
 DVCLive, ``on_eval`` for tuners and the Prefect progress). The rest lives in small modules:
-:mod:`xdpx.sampling` (epoch order by ``(seed, epoch)``, windows of ``batch_size *
+:mod:`xdpx.train.sampling` (epoch order by ``(seed, epoch)``, windows of ``batch_size *
 update_freq * world_size`` samples, each rank's share, the dropout seed of update u by
-``(seed, u)``: XDPX FAQ, seeds/000), :mod:`xdpx.train_state` (what a bit-exact resume
-needs), :mod:`xdpx.diagnosis` (NaN/Inf and ``max_loss`` guards naming the first
+``(seed, u)``: XDPX FAQ, seeds/000), :mod:`xdpx.train.state` (what a bit-exact resume
+needs), :mod:`xdpx.train.diagnosis` (NaN/Inf and ``max_loss`` guards naming the first
 non-finite module, grad norms, profiler).
 
 Each micro-batch loss is the *sum* of per-sample losses divided by the window's loss units
-per rank (:meth:`xdpx.objectives.Objective.loss_units`: its samples), so after DDP's
+per rank (:meth:`xdpx.train.objectives.Objective.loss_units`: its samples), so after DDP's
 gradient averaging an update equals one big batch of the whole window for any split into
 micro-batches (a partial last window is normalised by its own size); all micro-batches but
 the last run under ``no_sync``. Precision: autocast fp16 (CUDA, ``GradScaler`` at init
@@ -38,20 +38,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from xdpx import diagnosis, optim
 from xdpx import log as xlog
-from xdpx.callbacks import Callback, CallbackList, OnEval
 from xdpx.checkpoint import save_checkpoint
 from xdpx.config import TrainConfig
 from xdpx.data.lazy import InMemoryData, LazySplit, TrainData
-from xdpx.diagnosis import find_nonfinite
 from xdpx.inference import Batch, as_samples, call_model
 from xdpx.models import with_model_defaults
-from xdpx.objectives import Objective, build_objective
 from xdpx.rundir import BEST, LAST, RunDir
-from xdpx.runlog import RunLog, progress_bar, train_row
-from xdpx.sampling import micro_batches, place, rank_share, total_updates, update_seed
-from xdpx.train_state import (
+from xdpx.train import diagnosis, optim
+from xdpx.train.callbacks import Callback, CallbackList, OnEval
+from xdpx.train.diagnosis import find_nonfinite
+from xdpx.train.objectives import Objective, build_objective
+from xdpx.train.runlog import RunLog, progress_bar, train_row
+from xdpx.train.sampling import micro_batches, place, rank_share, total_updates, update_seed
+from xdpx.train.state import (
     EvalEvent,
     StopTraining,
     TrainResult,
@@ -60,7 +60,7 @@ from xdpx.train_state import (
     training_files,
 )
 
-log = logging.getLogger("xdpx.trainer")
+log = logging.getLogger("xdpx.train.trainer")
 
 __all__ = ["Trainer", "TrainResult", "EvalEvent", "StopTraining"]
 
@@ -84,13 +84,13 @@ class Trainer:
         assets_dir: prepared data dir (vocab/target map/meta copied into checkpoints).
         pad_id: padding id.
         on_eval: called as ``on_eval(EvalEvent)`` after each dev evaluation, once its
-            checkpoints are written (:class:`xdpx.callbacks.OnEval`, after ``callbacks``).
+            checkpoints are written (:class:`xdpx.train.callbacks.OnEval`, after ``callbacks``).
             It may raise ``StopTraining`` to end training there; any other exception
             propagates out of ``fit``. Under DDP every rank calls it and must decide alike.
-        objective: what the task computes (:mod:`xdpx.objectives`); None:
-            :func:`~xdpx.objectives.build_objective` of ``cfg``.
-        callbacks: subscribers to the training events (:mod:`xdpx.callbacks`), after the run
-            logs (:class:`xdpx.runlog.RunLog`, rank 0).
+        objective: what the task computes (:mod:`xdpx.train.objectives`); None:
+            :func:`~xdpx.train.objectives.build_objective` of ``cfg``.
+        callbacks: subscribers to the training events (:mod:`xdpx.train.callbacks`), after the run
+            logs (:class:`xdpx.train.runlog.RunLog`, rank 0).
 
     Under ``torch.distributed`` (initialised by the caller, e.g. ``stages.train`` under
     torchrun) the model is wrapped in ``DistributedDataParallel``.
@@ -99,7 +99,7 @@ class Trainer:
         ValueError: empty training split, or ``auto_ga`` under DDP (one rank cannot change
             its micro-batch alone).
         ConfigError: the default objective cannot be built for this model
-            (:func:`~xdpx.objectives.build_objective`).
+            (:func:`~xdpx.train.objectives.build_objective`).
     """
 
     def __init__(
@@ -300,7 +300,7 @@ class Trainer:
         Under DDP a rank whose share of a short last window is empty still joins the
         gradient all-reduce: it runs the window's first sample with weight 0.
 
-        With several passes per micro-batch (:meth:`xdpx.objectives.Objective.passes`)
+        With several passes per micro-batch (:meth:`xdpx.train.objectives.Objective.passes`)
         the logged loss is their mean, the accuracy the first's.
         """
         weight = 1.0 if len(local) else 0.0

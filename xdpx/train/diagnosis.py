@@ -28,7 +28,7 @@ from xdpx.errors import DivergenceError, LossScaleError, NonFiniteLossError
 from xdpx.inference import Batch, call_model
 from xdpx.rundir import RunDir
 
-log = logging.getLogger("xdpx.trainer")
+log = logging.getLogger("xdpx.train.trainer")
 
 
 def _has_nonfinite(value: Any) -> bool:

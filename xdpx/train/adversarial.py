@@ -82,7 +82,7 @@ def set_rng_state(state: tuple[torch.Tensor, torch.Tensor | None], device: torch
 class FreeLB:
     """Perturbations of one micro-batch's embedding output and their ascent (module docstring).
 
-    Usage (what ``xdpx.trainer.Trainer`` does for each micro-batch)::
+    Usage (what ``xdpx.train.trainer.Trainer`` does for each micro-batch)::
 
         freelb.start(x)                       # delta_0 for this batch
         for t in range(freelb.steps):

@@ -2,7 +2,7 @@
 and the DVCLive mirror under ``<save_dir>/dvclive``; the wall clock of the train rows goes
 to ``time.log.tsv`` (not a DVC out: ``xdpx.rundir``).
 
-The rows live in the trainer's state (``xdpx.train_state.TrainState``), so a resumed run
+The rows live in the trainer's state (``xdpx.train.state.TrainState``), so a resumed run
 rewrites its logs from the checkpoint's rows and they equal an uninterrupted run's. Every
 write replaces the whole file atomically through ``xdpx.io`` (a remote save_dir included).
 DVCLive writes to a local directory; for a save_dir on an object store that is a staging
@@ -19,8 +19,8 @@ import shutil
 from typing import Any
 
 from xdpx import io
-from xdpx.callbacks import Callback
 from xdpx.rundir import RunDir
+from xdpx.train.callbacks import Callback
 
 #: Columns of ``train.log.tsv`` (``xdpx.log.add_summary`` scalars follow, sorted by name).
 TRAIN_COLUMNS = [
@@ -89,7 +89,7 @@ def tsv(rows: list[dict[str, Any]], columns: list[str]) -> str:
 class RunLog(Callback):
     """Writes one run's logs. ``enabled=False`` (DDP ranks > 0) makes every call a no-op.
 
-    The trainer's first callback (``xdpx.callbacks``): DVCLive opens at the start of ``fit``
+    The trainer's first callback (``xdpx.train.callbacks``): DVCLive opens at the start of ``fit``
     (a resumed run first rewrites its logs from the restored rows), each train row and each
     evaluation is written, DVCLive closes (and a remote mirror is pushed) at the end.
 

@@ -1,0 +1,1 @@
+"""`xdpx doctor`: the report (environment, config, data: report) and the training checklist (checklist)."""

@@ -1,0 +1,1 @@
+"""Serving: ONNX export (export), the HTTP server (server), the REPL (repl)."""
