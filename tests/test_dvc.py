@@ -114,13 +114,14 @@ def test_reproducing_from_nothing_leaves_the_committed_lock_unchanged(project):
 
 
 def test_touching_a_file_of_a_stages_import_closure_makes_it_out_of_date(project):
-    """xdpx/train/optim.py runs only in train: editing it makes `dvc status` report train alone (the
-    downstream reruns only if train's outputs change). xdpx/inference.py runs in train,
-    evaluate, predict and export: all four are reported, nothing upstream."""
+    """xdpx/train/optim.py runs only in train: editing it makes `dvc status` report train alone
+    (through its dep xdpx/train; the downstream reruns only if train's outputs change).
+    xdpx/inference.py runs in train, evaluate, predict and export: all four are reported,
+    nothing upstream."""
     root, env = project
-    for name, stages in (
-        ("optim.py", {"train"}),
-        ("inference.py", {"train", "evaluate", "predict", "export"}),
+    for name, stages, dep in (
+        ("train/optim.py", {"train"}, "xdpx/train"),
+        ("inference.py", {"train", "evaluate", "predict", "export"}, "xdpx/inference.py"),
     ):
         path = root / "xdpx" / name
         original = path.read_text()
@@ -135,7 +136,7 @@ def test_touching_a_file_of_a_stages_import_closure_makes_it_out_of_date(project
             if line.endswith(":") and not line.startswith((" ", "\t"))
         }
         assert reported == stages, (name, status)
-        assert f"xdpx/{name}" in status
+        assert dep in status
     assert "up to date" in sh("dvc", "status", cwd=root, env=env)
 
 

@@ -10,7 +10,8 @@ The events, in the order :class:`xdpx.train.trainer.Trainer` fires them on every
 * ``on_eval(trainer, event)``: a dev evaluation was recorded and its checkpoints written
   (:class:`xdpx.train.state.EvalEvent`); raising :class:`xdpx.train.state.StopTraining` here
   is the one way a callback stops training (like an early stop: ``fit`` returns normally);
-* ``on_fit_end(trainer)``: training ended (also when it raised), before ``fit`` returns.
+* ``on_fit_end(trainer)``: training ended, before ``fit`` returns; also when it raised
+  (then ``trainer.state.finished`` is False and the error propagates after the callbacks).
 
 Subscribers: :class:`xdpx.train.runlog.RunLog` (the TSV logs and DVCLive, rank 0),
 :class:`OnEval` (a plain ``on_eval`` function: the tuner's pruning, the Prefect progress

@@ -118,7 +118,8 @@ class RunLog(Callback):
 
     def on_fit_end(self, trainer: Any) -> None:
         self.end()
-        self.push_live()  # remote save_dir: the final DVCLive files
+        if trainer.state.finished:  # not after an error: it would replace the error
+            self.push_live()  # remote save_dir: the final DVCLive files
 
     # ------------------------------------------------------------------ the files
     def write(self, state: Any) -> None:
