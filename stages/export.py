@@ -75,6 +75,11 @@ REPORT_NAME = "report.json"
 LATENCY_NAME = "latency.json"
 
 
+def _runs(cfg: ExportConfig) -> dict[str, int]:
+    """:func:`measure_latency`'s ``runs`` and ``warmup`` from ``export.latency_runs``."""
+    return {"runs": cfg.latency_runs, "warmup": min(3, cfg.latency_runs)}
+
+
 class ExportResult(BaseModel):
     """What :func:`run` wrote and measured.
 
@@ -181,7 +186,7 @@ def run(cfg: ExportConfig) -> ExportResult:
         except ExportParityError:
             _remove_stale(cfg.out_dir)
             raise
-        latency = measure_latency(staged, model, seqs, pad_id=pad_id)
+        latency = measure_latency(staged, model, seqs, pad_id=pad_id, **_runs(cfg))
         with open(staged, "rb") as f:
             data = f.read()
         int8 = _int8(cfg, staged, model, seqs, min_len, pad_id) if cfg.quantize else None
@@ -273,7 +278,7 @@ def _int8(
         "accuracy_fp32": fp32,
         "accuracy_int8": int8,
         "accuracy_change_points": 100 * (int8 - fp32),
-        "latency": measure_latency(staged_int8, model, seqs, pad_id=pad_id),
+        "latency": measure_latency(staged_int8, model, seqs, pad_id=pad_id, **_runs(cfg)),
     }
 
 

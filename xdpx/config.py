@@ -668,6 +668,12 @@ class ExportConfig(_Section):
         1e-4, gt=0, description="Max abs logit difference allowed (onnxruntime vs eager)."
     )
     opset: int = Field(17, ge=13, description="ONNX opset.")
+    latency_runs: int = Field(
+        20,
+        ge=1,
+        description="Timed calls per runtime and batch size in latency.json (after "
+        "min(3, latency_runs) untimed ones); fewer is quicker for large models, noisier.",
+    )
     quantize: Literal["int8"] | None = Field(
         None,
         description="int8: also write model.int8.onnx (dynamic int8 weights) with its split accuracy vs fp32 in report.json.",
