@@ -1,1 +1,2 @@
-"""`xdpx doctor`: the report (environment, config, data: report) and the training checklist (checklist)."""
+"""``xdpx doctor``: the report (``report``: environment, config, data) and the training
+checklist (``checklist``)."""

@@ -1,1 +1,2 @@
-"""Training: the loop (trainer), what a task computes (objectives), side effects (callbacks), and the parts the loop calls."""
+"""Training: the loop (``trainer``), what a task computes (``objectives``), the side effects
+(``callbacks``), and the parts the loop calls."""

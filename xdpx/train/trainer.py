@@ -2,9 +2,9 @@
 
 Read it top to bottom: :meth:`Trainer.fit` runs :meth:`Trainer._loop` (epochs of update
 windows, evaluations, saves, stops); :meth:`Trainer._update` is one optimizer update
-(micro-batches, backward, clip, step). The loop names no task: what is computed comes from
-an objective (:mod:`xdpx.train.objectives`), and every side effect is a callback (:mod:`xdpx.train.callbacks`: the run logs and
-DVCLive, ``on_eval`` for tuners and the Prefect progress). The rest lives in small modules:
+(micro-batches, backward, clip, step). The loop names no task: what is computed comes from an
+objective (:mod:`xdpx.train.objectives`), every side effect is a callback
+(:mod:`xdpx.train.callbacks`: run logs, DVCLive, ``on_eval``). The rest lives in small modules:
 :mod:`xdpx.train.sampling` (epoch order by ``(seed, epoch)``, windows of ``batch_size *
 update_freq * world_size`` samples, each rank's share, the dropout seed of update u by
 ``(seed, u)``: XDPX FAQ, seeds/000), :mod:`xdpx.train.state` (what a bit-exact resume
