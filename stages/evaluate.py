@@ -1,9 +1,10 @@
 """Stage ``evaluate``: metrics of a checkpoint on prepared splits.
 
-Writes ``metrics_file`` (DVC metrics: ``{split: {accuracy, macro_f1, ...}}``),
-a confusion-matrix PNG of the last split and, when the checkpoint sits in a
+Writes ``metrics_file`` (DVC metrics: ``{split: {accuracy, macro_f1, ...}}``; a regression
+checkpoint, ``prepro.label_type: score``: ``{split: {pearson, spearman, mse}}``), a
+confusion-matrix PNG of the last split (classification) and, when the checkpoint sits in a
 run directory with a ``valid.log.tsv``, its validation curve (``curve_png``).
-Scores come from ``xdpx.inference.predict_probs``, the code the trainer
+Scores come from ``xdpx.inference.predict_logits``, the code the trainer
 validates with, so the dev score equals the best one logged in training.
 """
 
@@ -19,10 +20,15 @@ from pydantic import BaseModel
 from xdpx import io
 from xdpx.checkpoint import check_reader, load_checkpoint
 from xdpx.config import EvaluateConfig
-from xdpx.data import TARGET_MAP_FILE
+from xdpx.data import TARGET_MAP_FILE, PreparedMeta
 from xdpx.data.lazy import LazySplit
-from xdpx.inference import as_samples, predict_probs
-from xdpx.metrics import METRIC_DIRECTIONS, classification_metrics, confusion_matrix
+from xdpx.inference import as_samples, predict_logits, probs_from_logits
+from xdpx.metrics import (
+    METRIC_DIRECTIONS,
+    classification_metrics,
+    confusion_matrix,
+    regression_metrics,
+)
 from xdpx.rundir import RunDir, of_checkpoint
 from xdpx.stage import stage_main
 from xdpx.viz import confusion_figure, save_figure, valid_curve_figure
@@ -61,20 +67,28 @@ def run(cfg: EvaluateConfig) -> EvaluateResult:
             f"evaluate.data_dir {cfg.data_dir} has labels {data_labels} but checkpoint {ckpt.path} was trained on {ckpt_labels}"
         )
     pad_id = ckpt.model_config.get("pad_id", 0)
+    score = PreparedMeta.read(ckpt.path).prepro.get("label_type", "class") == "score"
     metrics: dict[str, dict[str, float]] = {}
     cm = None
     bs = cfg.batch_size
     for split in cfg.splits:  # shard by shard: memory holds one shard's inputs
         shards = LazySplit(cfg.data_dir, split)
         parts = [
-            (predict_probs(ckpt.model, as_samples(d.input_ids, d.input_ids2), bs, pad_id), d.labels)
+            (
+                predict_logits(ckpt.model, as_samples(d.input_ids, d.input_ids2), bs, pad_id),
+                d.labels,
+            )
             for d in shards.iter_shards()
         ]
         shards.close()
-        probs = np.concatenate([p for p, _ in parts])
+        logits = np.concatenate([p for p, _ in parts])
         y = np.concatenate([y for _, y in parts])
-        metrics[split] = classification_metrics(y, probs)
-        cm = confusion_matrix(y, probs.argmax(1), labels=list(range(len(ckpt_labels))))
+        if score:  # regression: the one output is the score
+            metrics[split] = regression_metrics(y, logits[:, 0])
+        else:
+            probs = probs_from_logits(logits)
+            metrics[split] = classification_metrics(y, probs)
+            cm = confusion_matrix(y, probs.argmax(1), labels=list(range(len(ckpt_labels))))
         log.info("%s: %s", split, {k: round(v, 4) for k, v in metrics[split].items()})
     io.write_text(cfg.metrics_file, json.dumps(metrics, indent=2) + "\n")
     if cm is not None:

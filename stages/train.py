@@ -61,6 +61,15 @@ def check(cfg: TrainConfig) -> TrainConfig:
     )
     check_model_fits_data(cfg.model, cfg.data_dir, "train.model")
     meta = PreparedMeta.read(cfg.data_dir)
+    scores = meta.prepro.get("label_type", "class") == "score"
+    if scores != (cfg.task == "regression") and cfg.task != "mlm":
+        raise ValueError(
+            f"{cfg.data_dir} was prepared with prepro.label_type=score: set train.task=regression "
+            "(and major_metric=pearson)"
+            if scores
+            else f"train.task=regression needs score labels: {cfg.data_dir} was prepared with "
+            "prepro.label_type=class (prepare it with prepro.label_type=score)"
+        )
     if cfg.task == "mlm" and cfg.pretrained_model and meta.tokenizer != "hf":
         raise ValueError(
             f"train.task=mlm continues {cfg.pretrained_model} but {cfg.data_dir} was prepared "

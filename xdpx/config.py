@@ -111,6 +111,12 @@ class PreproConfig(_Section):
         None, description="Second text of a pair task; null = single text."
     )
     label_column: str = Field("label", description="Column (or JSON key) of the label.")
+    label_type: Literal["class", "score"] = Field(
+        "class",
+        description="class: labels are class names (a target map, classification); score: "
+        "labels are numbers (e.g. STS-B's 0-5 similarity), kept as float32 for "
+        "train.task=regression (target map: the one output, 'score'; no conflicts check).",
+    )
     tokenizer: Literal["auto", "char", "word", "whitespace", "hf"] = Field(
         "auto",
         description="auto (char when >30% of the train letters are Chinese/Japanese/Thai..., "
@@ -180,6 +186,8 @@ class PreproConfig(_Section):
             raise ValueError("tokenizer=hf needs tokenizer_path (a local tokenizer directory)")
         if self.nwords == 0 or self.nwords < -1:
             raise ValueError(f"nwords must be -1 (no limit) or positive, got {self.nwords}")
+        if self.label_type == "score" and (self.target_map_file or self.special_targets):
+            raise ValueError("target_map_file and special_targets apply to label_type=class")
         return self
 
 
@@ -197,6 +205,8 @@ ModelName = Literal[
 HF_MODELS = ("hf_classifier", "hf_mlm")
 #: Valid metrics of ``task: mlm`` (masked-token cross-entropy, its exp, masked-token accuracy).
 MLM_METRICS = ("loss", "perplexity", "accuracy")
+#: Valid metrics of ``task: regression`` (``xdpx.metrics.regression_metrics``).
+REGRESSION_METRICS = ("pearson", "spearman", "mse")
 #: Models without a token embedding layer (no ``get_input_embeddings``): FreeLB does not apply.
 #: Kept here as data so validating a config imports no model code; tests/test_freelb.py
 #: checks it against ``xdpx.models.MODELS``.
@@ -212,10 +222,12 @@ class TrainConfig(_Section):
     auto_suffix: bool = Field(
         False, description="If save_dir holds a run, use the first free <save_dir>-2, -3, ..."
     )
-    task: Literal["classification", "mlm"] = Field(
+    task: Literal["classification", "regression", "mlm"] = Field(
         "classification",
-        description="classification (labels) or mlm: masked-language-model training of "
-        "model=hf_mlm on the split's texts, labels unused (docs/pretraining-and-cv.md).",
+        description="classification (labels); regression: one output fit to score labels "
+        "(prepro.label_type=score) by squared error, major_metric pearson, spearman or mse; "
+        "mlm: masked-language-model training of model=hf_mlm on the split's texts, labels "
+        "unused (docs/pretraining-and-cv.md).",
     )
     mlm_probability: float = Field(
         0.15,
@@ -546,6 +558,20 @@ class TrainConfig(_Section):
                 else "model=hf_mlm is a masked language model: set task=mlm (and fine-tune its "
                 "<save_dir>/pretrained with model=hf_classifier)"
             )
+        if self.task == "regression":
+            used = ["distill_from"] if self.distill_from else []
+            used += ["class_weight"] if self.class_weight == "balanced" else []
+            if used:
+                raise ValueError(f"{', '.join(used)} only apply to task=classification")
+            if self.major_metric not in REGRESSION_METRICS:
+                raise ValueError(
+                    f"task=regression reports {', '.join(REGRESSION_METRICS)}; set "
+                    f"major_metric=pearson (major_metric={self.major_metric!r} is a "
+                    "classification metric)"
+                )
+            return self
+        if self.task == "classification" and self.major_metric in REGRESSION_METRICS:
+            raise ValueError(f"major_metric={self.major_metric} is a task=regression metric")
         if not mlm:
             return self
         used = [k for k in ("distill_from", "adv") if getattr(self, k)]

@@ -11,7 +11,13 @@ from sklearn.metrics import (
     roc_auc_score,
 )
 
-__all__ = ["METRIC_DIRECTIONS", "is_better", "classification_metrics", "confusion_matrix"]
+__all__ = [
+    "METRIC_DIRECTIONS",
+    "is_better",
+    "classification_metrics",
+    "confusion_matrix",
+    "regression_metrics",
+]
 
 #: +1 = higher is better, -1 = lower is better. ``loss`` is the mean cross-entropy (nats/sample).
 METRIC_DIRECTIONS: dict[str, int] = {
@@ -22,6 +28,9 @@ METRIC_DIRECTIONS: dict[str, int] = {
     "roc_auc": 1,
     "loss": -1,
     "perplexity": -1,  # task=mlm: exp(loss)
+    "pearson": 1,  # task=regression (regression_metrics)
+    "spearman": 1,
+    "mse": -1,
 }
 
 
@@ -60,3 +69,25 @@ def classification_metrics(labels: np.ndarray, probs: np.ndarray) -> dict[str, f
     if num_labels == 2 and len(np.unique(labels)) == 2:
         out["roc_auc"] = float(roc_auc_score(labels, probs[:, 1]))
     return out
+
+
+def regression_metrics(scores: np.ndarray, predicted: np.ndarray) -> dict[str, float]:
+    """Pearson's and Spearman's correlation of ``predicted`` with the gold ``scores`` (the
+    STS-B measures: Cer et al. 2017) and the mean squared error.
+
+    Args:
+        scores: ``[n]`` gold scores; predicted: ``[n]`` the model's scores.
+
+    Returns:
+        ``{"pearson", "spearman", "mse"}``; a correlation is NaN when either side is
+        constant (scipy's definition).
+    """
+    from scipy.stats import pearsonr, spearmanr
+
+    y, p = np.asarray(scores, np.float64), np.asarray(predicted, np.float64)
+    constant = len(y) < 2 or np.ptp(y) == 0 or np.ptp(p) == 0
+    return {
+        "pearson": float("nan") if constant else float(pearsonr(y, p)[0]),
+        "spearman": float("nan") if constant else float(spearmanr(y, p)[0]),
+        "mse": float(((y - p) ** 2).mean()) if len(y) else float("nan"),
+    }

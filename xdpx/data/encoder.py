@@ -59,6 +59,8 @@ class Encoder:
             prepro builds it).
         transliterate: applied to every text before tokenizing
             (:mod:`xdpx.data.transliterate`: ``"pinyin"``), or None.
+        label_type: ``prepro.label_type``: ``class`` (labels -> class indices through the
+            target map) or ``score`` (labels -> float32 numbers).
 
     Raises:
         ValueError: ``vocab`` missing for a char/word/whitespace tokenizer, ``max_len < 1``, or
@@ -74,6 +76,7 @@ class Encoder:
         pair: bool = False,
         meta: PreparedMeta | None = None,
         transliterate: str | None = None,
+        label_type: str = "class",
     ) -> None:
         if max_len < 1:
             raise ValueError(f"max_len must be >= 1, got {max_len}")
@@ -88,6 +91,7 @@ class Encoder:
         self.meta = meta
         self.transliterate = transliterate
         self._transliterate = make_transliterator(transliterate)
+        self.label_type = label_type
 
     # ----------------------------------------------------------------- properties
     @property
@@ -264,11 +268,14 @@ class Encoder:
         return ids, ids2, full, full2
 
     def encode_labels(self, labels: Sequence[str]) -> np.ndarray:
-        """``[n]`` int64 class indices.
+        """``[n]`` int64 class indices, or with ``label_type`` score ``[n]`` float32 scores.
 
         Raises:
-            KeyError: a label not in the target map.
+            KeyError: a label not in the target map (class).
+            ValueError: a label that is not a number (score; the reader checks it first).
         """
+        if self.label_type == "score":
+            return np.asarray([float(x) for x in labels], dtype=np.float32)
         return np.asarray(self.target_map.encode(labels), dtype=np.int64)
 
     # ------------------------------------------------------------------ loading
@@ -314,6 +321,7 @@ class Encoder:
             pair=pair,
             meta=meta,
             transliterate=transliterate,
+            label_type=meta.prepro.get("label_type", "class"),
         )
         if enc.vocab_size != meta.vocab_size:
             raise DataError(

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from xdpx import io
-from xdpx.data.shards import SplitData, flat_column, split_flat, split_shards
+from xdpx.data.shards import SplitData, flat_column, label_array, split_flat, split_shards
 from xdpx.data.shards import load_split as _load_split  # open_train_split
 from xdpx.train.sampling import epoch_order, shard_epoch_order
 
@@ -77,12 +77,14 @@ class InMemoryData(TrainData):
 
     Args:
         samples: ``n`` samples (``xdpx.inference.as_samples``).
-        labels: ``[n]`` class indices.
+        labels: ``[n]`` class indices (or float32 scores: ``prepro.label_type: score``).
         seed: ``train.seed``.
     """
 
     def __init__(self, samples: list[Any], labels: np.ndarray, seed: int) -> None:
-        self._samples, self._labels = samples, np.asarray(labels, dtype=np.int64)
+        labels = np.asarray(labels)
+        self._samples = samples
+        self._labels = labels.astype(np.float32 if labels.dtype.kind == "f" else np.int64)
         self.n, self.seed = len(samples), seed
         self._order: np.ndarray | None = None
 
@@ -140,7 +142,7 @@ class FlatShard:
         return cls(
             values, offsets, values2, offsets2,
             table.column("id").to_numpy().astype(np.int64),
-            table.column("label").to_numpy().astype(np.int64),
+            label_array(table.column("label")),
         )  # fmt: skip
 
     def __len__(self) -> int:
@@ -312,10 +314,12 @@ class LazyData(TrainData):
         return out
 
     def labels(self, ids: np.ndarray) -> np.ndarray:
-        out = np.empty(len(ids), dtype=np.int64)
+        out: np.ndarray | None = None
         for data, where, rows in self._gather(ids):
+            if out is None:
+                out = np.empty(len(ids), dtype=data.labels.dtype)
             out[where] = data.labels[rows]
-        return out
+        return out if out is not None else np.empty(0, dtype=np.int64)
 
     def label_counts(self, num_labels: int) -> np.ndarray:
         if self._label_counts is None:

@@ -15,6 +15,7 @@ import csv
 import io as _pyio
 import json
 import logging
+import math
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -77,6 +78,20 @@ class ReadResult:
 
 class _LineError(Exception):
     """Internal: a malformed line; converted to DataError or skipped by the caller."""
+
+
+class ScoreLabels:
+    """The labels a ``prepro.label_type: score`` file may hold: any finite number
+    (``float(label)``); used where a target map's label set is used for class labels."""
+
+    def __contains__(self, label: object) -> bool:
+        try:
+            return math.isfinite(float(label))  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return False
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
 
 
 class _Collector:
@@ -146,6 +161,11 @@ class _Collector:
             label = _as_str(label, cfg.label_column).strip()
             if not label:
                 raise _LineError(f"empty label (column {cfg.label_column!r})")
+            if isinstance(self.allowed_labels, ScoreLabels) and label not in self.allowed_labels:
+                raise _LineError(
+                    f"label {label!r} (column {cfg.label_column!r}) is not a finite number "
+                    "(prepro.label_type=score)"
+                )
             if self.allowed_labels is not None and label not in self.allowed_labels:
                 known = sorted(self.allowed_labels)
                 shown = known if len(known) <= 20 else known[:20] + ["..."]
@@ -521,6 +541,8 @@ def iter_examples(
         raise DataError(f"{path}: file not found")
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    if cfg.label_type == "score":  # every label must be a number, whatever else is allowed
+        allowed_labels = ScoreLabels()  # type: ignore[assignment]
     out = _Chunks(path, cfg, chunk_rows, keep_rows)
     read = _read_jsonl if cfg.format == "jsonl" else _read_delimited
     yield from read(path, cfg, require_label, allowed_labels, out)

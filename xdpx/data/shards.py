@@ -3,8 +3,9 @@
 prepro writes ``part-{file:05d}-{k:05d}.parquet``: shard ``k`` of the split's raw file
 number ``file`` (:mod:`xdpx.data.stream`), and records each shard's rows in meta.json
 (``shard_rows``, the reading order). Columns: ``id`` int64 (0-based index of the example
-among the kept rows of its source file), ``input_ids`` list<int32>, ``length`` int32, ``label`` int32 (-1 = unlabelled) and,
-for pair tasks encoded separately, ``input_ids2`` list<int32> and ``length2`` int32.
+among the kept rows of its source file), ``input_ids`` list<int32>, ``length`` int32, ``label``
+int32 (-1 = unlabelled; ``prepro.label_type: score``: float32, NaN = unlabelled) and, for
+pair tasks encoded separately, ``input_ids2`` list<int32> and ``length2`` int32.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ __all__ = [
     "read_shard",
     "split_shards",
     "list_splits",
+    "label_array",
     "NO_LABEL",
 ]
 
@@ -49,7 +51,8 @@ class SplitData:
     Attributes:
         ids: ``[n]`` int64 sample ids (0-based row index in the source file's kept rows).
         input_ids: ``n`` int64 arrays of variable length (``<= max_len``).
-        labels: ``[n]`` int64 class indices, -1 where unlabelled.
+        labels: ``[n]`` int64 class indices, -1 where unlabelled; float32 scores (NaN where
+            unlabelled) for ``prepro.label_type: score``.
         input_ids2: second-text ids of a separately encoded pair task, else None.
     """
 
@@ -69,6 +72,8 @@ class SplitData:
     @property
     def has_labels(self) -> bool:
         """True when every example has a label."""
+        if self.labels.dtype.kind == "f":  # scores: NaN where unlabelled
+            return bool(len(self.labels)) and bool(np.isfinite(self.labels).all())
         return bool(len(self.labels)) and bool((self.labels >= 0).all())
 
 
@@ -84,13 +89,14 @@ def _list_array(seqs: Sequence[Sequence[int]]) -> pa.Array:
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, type=pa.int32()))
 
 
-def shard_schema(pair: bool) -> pa.Schema:
-    """The Arrow schema of a shard (``pair``: with ``input_ids2`` / ``length2``)."""
+def shard_schema(pair: bool, score: bool = False) -> pa.Schema:
+    """The Arrow schema of a shard (``pair``: with ``input_ids2`` / ``length2``; ``score``:
+    a float32 label, ``prepro.label_type: score``)."""
     fields = [
         ("id", pa.int64()),
         ("input_ids", _IDS),
         ("length", pa.int32()),
-        ("label", pa.int32()),
+        ("label", pa.float32() if score else pa.int32()),
     ]
     if pair:
         fields += [("input_ids2", _IDS), ("length2", pa.int32())]
@@ -215,12 +221,19 @@ def read_shard(path: str) -> SplitData:
         return _split_data(pq.read_table(f))
 
 
+def label_array(column: pa.ChunkedArray) -> np.ndarray:
+    """int64 class indices, or float32 scores (a float label column)."""
+    if pa.types.is_floating(column.type):
+        return column.to_numpy().astype(np.float32)
+    return column.to_numpy().astype(np.int64)
+
+
 def _split_data(table: pa.Table) -> SplitData:
     pair = "input_ids2" in table.column_names
     return SplitData(
         ids=table.column("id").to_numpy().astype(np.int64),
         input_ids=_to_arrays(table.column("input_ids")),
-        labels=table.column("label").to_numpy().astype(np.int64),
+        labels=label_array(table.column("label")),
         input_ids2=_to_arrays(table.column("input_ids2")) if pair else None,
     )
 

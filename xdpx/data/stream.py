@@ -183,6 +183,7 @@ class EncoderSpec:
             vocab,
             pair=cfg.text2_column is not None,
             transliterate=cfg.transliterate,
+            label_type=cfg.label_type,
         )
 
 
@@ -248,9 +249,10 @@ def count_file(path: str, cfg: PreproConfig, allowed_labels: set[str] | None = N
         DataError: as :func:`~xdpx.data.readers.iter_examples`.
     """
     out = FileCounts()
+    score = cfg.label_type == "score"
     for chunk in iter_examples(path, cfg, True, allowed_labels, cfg.chunk_rows):
         out.rows += len(chunk)
-        out.labels.update(chunk.labels or [])
+        out.labels.update([SCORE] * len(chunk) if score else chunk.labels or [])
     return out
 
 
@@ -332,15 +334,20 @@ def _encode_chunk(
     else:
         values, offsets, full = encoder.encode_flat(texts)
         second = encoder.encode_flat(texts2) if texts2 is not None else None
-    y = (
-        np.full(len(texts), NO_LABEL, dtype=np.int32)
-        if labels is None
-        else encoder.encode_labels(labels).astype(np.int32)
-    )
+    score = encoder.label_type == "score"
+    if labels is None:
+        y = np.full(len(texts), np.nan if score else NO_LABEL, np.float32 if score else np.int32)
+    else:
+        y = encoder.encode_labels(labels).astype(np.float32 if score else np.int32)
     hashes = None  # hashed here, in the worker, when prepro.conflicts looks for them
-    if labels is not None and spec.prepro.get("conflicts") != "off":
+    if labels is not None and _conflicts_checked(spec.prepro):
         hashes = text_hashes(texts, texts2)
     return _chunk(values, offsets, full, second, y, encoder.max_len, hashes)
+
+
+def _conflicts_checked(prepro: dict[str, Any]) -> bool:
+    """prepro looks for texts under two labels (``conflicts`` not off; class labels)."""
+    return prepro.get("conflicts") != "off" and prepro.get("label_type", "class") == "class"
 
 
 def _chunk(
@@ -367,6 +374,9 @@ def _chunk(
     )
 
 
+#: The one output (and target map label) of ``prepro.label_type: score``.
+SCORE = "score"
+
 #: What :func:`tokenize_file` appends to a shard's path: its shard in Arrow IPC (uncompressed,
 #: read back at memory speed), until :func:`remap_file` writes the Parquet shard.
 PENDING = ".pending.arrow"
@@ -384,10 +394,11 @@ class _ShardWriter:
         shard_size: int,
         pair: bool,
         scratch: bool = False,
+        score: bool = False,
     ):
         self.scratch = scratch
         self.out_dir, self.split, self.file_index = out_dir, split, file_index
-        self.shard_size, self.schema = shard_size, shard_schema(pair)
+        self.shard_size, self.schema = shard_size, shard_schema(pair, score)
         self.pending: list[pa.Table] = []
         self.buffered = 0
         self.next_id = 0
@@ -401,7 +412,7 @@ class _ShardWriter:
             pa.array(ids, type=pa.int64()),
             pa.ListArray.from_arrays(pa.array(enc.offsets), pa.array(enc.values)),
             pa.array(np.diff(enc.offsets).astype(np.int32), type=pa.int32()),
-            pa.array(enc.labels, type=pa.int32()),
+            pa.array(enc.labels, type=self.schema.field("label").type),
         ]
         if enc.values2 is not None and enc.offsets2 is not None:
             cols += [
@@ -448,7 +459,7 @@ def _pass_file(
     the jobs in order (``encode``) and write them as shards; fill ``out``'s statistics.
     ``label_counts`` covers the label ids seen (callers pad it)."""
     counts = np.zeros(0, dtype=np.int64)
-    record = cfg.conflicts != "off"  # the row records of xdpx.data.conflicts
+    record = _conflicts_checked(cfg.model_dump())  # the row records of xdpx.data.conflicts
     hashes: list[np.ndarray] = []
     lines: list[np.ndarray] = []
     labels: list[np.ndarray] = []
@@ -470,7 +481,10 @@ def _pass_file(
             out.rows += len(enc.labels)
             out.max_length_seen = max(out.max_length_seen, enc.max_seen)
             out.truncated += enc.truncated
-            seen = np.bincount(enc.labels[enc.labels >= 0])
+            if enc.labels.dtype.kind == "f":  # scores: one output, its labelled rows
+                seen = np.array([np.isfinite(enc.labels).sum()], dtype=np.int64)
+            else:
+                seen = np.bincount(enc.labels[enc.labels >= 0])
             if len(seen) > len(counts):
                 counts = np.pad(counts, (0, len(seen) - len(counts)))
             counts[: len(seen)] += seen
@@ -520,7 +534,10 @@ def encode_file(
             label outside the target map, a missing or unreadable file.
     """
     out = FileShards(split, file_index, path)
-    writer = _ShardWriter(out_dir, split, file_index, cfg.shard_size, spec.pair_columns)
+    writer = _ShardWriter(
+        out_dir, split, file_index, cfg.shard_size, spec.pair_columns,
+        score=cfg.label_type == "score",
+    )  # fmt: skip
     _pass_file(
         out, cfg, require_label, set(spec.labels), writer,
         lambda jobs: ordered_map(_encode_chunk, jobs, executor),
@@ -578,10 +595,18 @@ def tokenize_file(
         DataError: as :func:`encode_file`.
     """
     out = FileShards("train", file_index, path)
+    score = cfg.label_type == "score"
     writer = _ShardWriter(
-        out_dir, "train", file_index, cfg.shard_size, cfg.text2_column is not None, scratch=True
+        out_dir, "train", file_index, cfg.shard_size, cfg.text2_column is not None, scratch=True,
+        score=score,
+    )  # fmt: skip
+    key = (
+        tokenizer,
+        cfg.lower,
+        cfg.transliterate,
+        cfg.max_len,
+        _conflicts_checked(cfg.model_dump()),
     )
-    key = (tokenizer, cfg.lower, cfg.transliterate, cfg.max_len, cfg.conflicts != "off")
     index: dict[str, int] = {}
     label_index: dict[str, int] = {}
     counts = [np.zeros(1024, dtype=np.int64)]  # [token id] occurrences, grown by doubling
@@ -602,9 +627,13 @@ def tokenize_file(
             counts[0][ids] += batch.counts  # a batch's tokens are distinct
             batch.values = batch.lookup(ids, -1)
             first, second = batch.split(len(chunk)) if chunk.texts2 is not None else (batch, None)
-            for lab in dict.fromkeys(chunk.labels):  # the chunk's labels, first seen first
-                label_index.setdefault(lab, len(label_index))
-            labels = np.fromiter(map(label_index.__getitem__, chunk.labels), np.int32, len(chunk))
+            if score:  # the numbers themselves; one output, "score"
+                label_index.setdefault(SCORE, 0)
+                labels = np.asarray([float(x) for x in chunk.labels], dtype=np.float32)
+            else:
+                for lab in dict.fromkeys(chunk.labels):  # the chunk's labels, first seen first
+                    label_index.setdefault(lab, len(label_index))
+                labels = np.fromiter(map(label_index.__getitem__, chunk.labels), np.int32, len(chunk))  # fmt: skip
             yield _chunk(
                 first.values, first.offsets, first.full,
                 None if second is None else (second.values, second.offsets, second.full),
@@ -648,8 +677,11 @@ def remap_file(
                 values = ids[lists.values.to_numpy()]
                 remapped = pa.ListArray.from_arrays(lists.offsets, pa.array(values))
                 table = table.set_column(table.schema.get_field_index(column), column, remapped)
-        label = to_label[table.column("label").to_numpy()]
-        table = table.set_column(table.schema.get_field_index("label"), "label", pa.array(label))
+        if not pa.types.is_floating(table.schema.field("label").type):  # scores stay as they are
+            label = to_label[table.column("label").to_numpy()]
+            table = table.set_column(
+                table.schema.get_field_index("label"), "label", pa.array(label)
+            )
         with io.open_atomic(path, "wb") as f:
             pq.write_table(table, f)
         io.rm(path + PENDING)

@@ -21,6 +21,20 @@ from xdpx.rundir import RunDir
 __all__ = ["Predictor", "serve_lines"]
 
 
+def refuse_regression(encoder: Encoder, path: str) -> None:
+    """Serving answers with labels and probabilities: a regression model (``prepro.label_type:
+    score``) is refused, naming the stage that scores it.
+
+    Raises:
+        ValueError: ``encoder`` is a regression model's.
+    """
+    if encoder.label_type == "score":
+        raise ValueError(
+            f"{path} is a regression model (prepro.label_type=score): xdpx serve answers with "
+            "labels and probabilities; score texts with the predict stage (a score column)"
+        )
+
+
 class Predictor:
     """A loaded checkpoint plus its encoder.
 
@@ -38,6 +52,7 @@ class Predictor:
             checkpoint = run.best_alias
         self.ckpt = load_checkpoint(checkpoint)
         self.encoder = Encoder.from_dir(self.ckpt.path)
+        refuse_regression(self.encoder, self.ckpt.path)
         self.pair = self.encoder.pair
 
     @property

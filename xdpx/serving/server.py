@@ -61,6 +61,7 @@ from xdpx import io
 from xdpx.data import Encoder
 from xdpx.inference import Sample, as_samples, call_model, pad_batch, probs_from_logits
 from xdpx.serving.export import ort_logits, ort_session
+from xdpx.serving.repl import refuse_regression
 
 log = logging.getLogger("xdpx.serving.server")
 
@@ -150,6 +151,7 @@ class ServedModel:
             self.input_names = tuple(report["input_names"])
             self.min_len = int(report.get("min_len", 1))
             self.encoder = Encoder.from_dir(export_dir)
+            refuse_regression(self.encoder, export_dir)
             self.backend, self.source, self.model = "onnx", onnx_path, None
             if self.name == "export":
                 self.name = run.rsplit("/", 2)[-2] if "/" in run else "model"

@@ -34,8 +34,14 @@ from torch import nn
 
 from xdpx import log as xlog
 from xdpx.data.lazy import TrainData
-from xdpx.inference import Batch, pad_batch, predict_probs_sharded, to_device
-from xdpx.metrics import classification_metrics
+from xdpx.inference import (
+    Batch,
+    pad_batch,
+    predict_logits_sharded,
+    predict_probs_sharded,
+    to_device,
+)
+from xdpx.metrics import classification_metrics, regression_metrics
 from xdpx.train.adversarial import FreeLB, rng_state, set_rng_state
 from xdpx.train.distill import distill_loss
 from xdpx.train.losses import resolve_class_weight, training_loss
@@ -47,6 +53,7 @@ __all__ = [
     "FreeLBPasses",
     "MaskedLMObjective",
     "Objective",
+    "Regression",
     "build_objective",
 ]
 
@@ -175,6 +182,32 @@ class Distillation(Classification):
         return loss
 
 
+class Regression(Objective):
+    """``train.task: regression``: the model's one output (``logits[:, 0]``) fit to the score
+    labels (``prepro.label_type: score``) by squared error, summed; dev metrics are
+    Pearson's and Spearman's correlation and the mean squared error
+    (:func:`xdpx.metrics.regression_metrics`). There is no accuracy: the train log's
+    ``accuracy`` column is NaN.
+    """
+
+    def loss(self, logits: torch.Tensor, y: torch.Tensor, idx: np.ndarray) -> torch.Tensor:
+        return (logits.float()[:, 0] - y.float()).square().sum()
+
+    def correct(self, logits: torch.Tensor, y: torch.Tensor) -> float:
+        return float("nan")
+
+    def evaluate(
+        self, module: nn.Module, parts: Parts, batch_size: int, pad_id: int,
+        device: torch.device, rank: int, world_size: int,
+    ) -> dict[str, float]:  # fmt: skip
+        scores = [
+            predict_logits_sharded(module, x, 256, pad_id, device, rank, world_size)[:, 0]
+            for x, _ in parts
+        ]
+        gold = np.concatenate([y for _, y in parts])  # type: ignore[misc]
+        return regression_metrics(gold, np.concatenate(scores))
+
+
 class MaskedLMObjective(Objective):
     """``train.task: mlm``: each window's samples are masked by (seed, epoch, sample id)
     (:class:`xdpx.train.mlm.MaskedLM`); the model is called as ``model(input_ids, labels)`` (both
@@ -288,8 +321,9 @@ def build_objective(
     write_pretrained: Callable[[str], None] | None = None,
 ) -> Objective:
     """The objective of the ``train`` section: masked LM with a ``masker``, distillation with
-    ``teacher_logits``, else classification (class weights resolved from the train label
-    counts, ``train.class_weight``); wrapped in :class:`FreeLBPasses` with ``adv: freelb``.
+    ``teacher_logits``, :class:`Regression` with ``task: regression``, else classification
+    (class weights resolved from the train label counts, ``train.class_weight``); wrapped in
+    :class:`FreeLBPasses` with ``adv: freelb``.
 
     Args:
         cfg: the ``train`` section; model: the bare model (FreeLB hooks its embeddings);
@@ -307,6 +341,8 @@ def build_objective(
         objective = MaskedLMObjective(masker, write_pretrained)
     elif teacher_logits is not None:
         objective = Distillation(cfg, teacher_logits, len(data))
+    elif cfg.task == "regression":
+        objective = Regression()
     else:
         weight = None
         if cfg.class_weight:
