@@ -545,11 +545,20 @@ class TrainConfig(_Section):
             raise ValueError("set warmup_steps or warmup_ratio, not both")
         return self
 
+    def _classification_only(self, *keys: str) -> None:
+        """Raise when one of ``keys`` (or ``class_weight: balanced``) is set: they apply to
+        task=classification only."""
+        used = [k for k in keys if getattr(self, k)]
+        used += ["class_weight"] if self.class_weight == "balanced" else []
+        if used:
+            raise ValueError(f"{', '.join(used)} only apply to task=classification")
+
     @model_validator(mode="after")
     def _task_fits_model(self) -> TrainConfig:
         """task=mlm trains hf_mlm (and hf_mlm only that); options of the classification loss
         do not apply; major_metric is one of the MLM metrics (loss, perplexity: lower is
-        better; accuracy: of the masked tokens)."""
+        better; accuracy: of the masked tokens). task=regression: no distillation or
+        balanced class weights, major_metric one of :data:`REGRESSION_METRICS`."""
         mlm = self.task == "mlm"
         if mlm != (self.model == "hf_mlm"):
             raise ValueError(
@@ -559,10 +568,7 @@ class TrainConfig(_Section):
                 "<save_dir>/pretrained with model=hf_classifier)"
             )
         if self.task == "regression":
-            used = ["distill_from"] if self.distill_from else []
-            used += ["class_weight"] if self.class_weight == "balanced" else []
-            if used:
-                raise ValueError(f"{', '.join(used)} only apply to task=classification")
+            self._classification_only("distill_from")
             if self.major_metric not in REGRESSION_METRICS:
                 raise ValueError(
                     f"task=regression reports {', '.join(REGRESSION_METRICS)}; set "
@@ -574,10 +580,7 @@ class TrainConfig(_Section):
             raise ValueError(f"major_metric={self.major_metric} is a task=regression metric")
         if not mlm:
             return self
-        used = [k for k in ("distill_from", "adv") if getattr(self, k)]
-        used += ["class_weight"] if self.class_weight == "balanced" else []
-        if used:
-            raise ValueError(f"{', '.join(used)} only apply to task=classification")
+        self._classification_only("distill_from", "adv")
         if self.major_metric not in MLM_METRICS:
             raise ValueError(
                 f"task=mlm reports {', '.join(MLM_METRICS)}; major_metric={self.major_metric!r} "

@@ -12,7 +12,7 @@ its own width), and the model is called as ``model(*inputs)``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -28,7 +28,6 @@ __all__ = [
     "predict_logits",
     "predict_probs",
     "predict_logits_sharded",
-    "predict_probs_sharded",
     "probs_from_logits",
     "format_probs",
 ]
@@ -150,42 +149,19 @@ def predict_logits_sharded(
 ) -> np.ndarray:
     """:func:`predict_logits` under ``torch.distributed``: rank ``r`` scores every
     ``world_size``-th sample from ``r`` and the logits are gathered, so every rank returns
-    the same ``[n, num_labels]`` array. ``world_size == 1``: plain ``predict_logits``."""
-    return _sharded(predict_logits, model, seqs, batch_size, pad_id, device, rank, world_size)
-
-
-def predict_probs_sharded(
-    model: nn.Module,
-    seqs: Sequence[Sample],
-    batch_size: int,
-    pad_id: int,
-    device: str | torch.device,
-    rank: int,
-    world_size: int,
-) -> np.ndarray:
-    """:func:`predict_probs` under ``torch.distributed``: rank ``r`` scores every
-    ``world_size``-th sample from ``r`` and the probabilities are gathered, so every rank
-    returns the same ``[n, num_labels]`` array. ``world_size == 1``: plain ``predict_probs``.
-    """
-    return _sharded(predict_probs, model, seqs, batch_size, pad_id, device, rank, world_size)
-
-
-def _sharded(
-    predict: Callable[..., np.ndarray],
-    model: nn.Module,
-    seqs: Sequence[Sample],
-    batch_size: int,
-    pad_id: int,
-    device: str | torch.device,
-    rank: int,
-    world_size: int,
-) -> np.ndarray:
+    the same ``[n, num_labels]`` array (float64 under DDP). ``world_size == 1``: plain
+    ``predict_logits``. Probabilities: :func:`probs_from_logits` of it (row by row, so the
+    same as gathering each rank's probabilities)."""
     if world_size == 1:
-        return predict(model, seqs, batch_size, pad_id, device)
+        return predict_logits(model, seqs, batch_size, pad_id, device)
     import torch.distributed as dist
 
     idx = np.arange(rank, len(seqs), world_size)
-    local = predict(model, [seqs[i] for i in idx], batch_size, pad_id, device) if len(idx) else None
+    local = (
+        predict_logits(model, [seqs[i] for i in idx], batch_size, pad_id, device)
+        if len(idx)
+        else None
+    )
     gathered: list = [None] * world_size
     dist.all_gather_object(gathered, (idx, local))
     num_labels = next(p.shape[1] for _, p in gathered if p is not None)

@@ -38,7 +38,7 @@ from xdpx.inference import (
     Batch,
     pad_batch,
     predict_logits_sharded,
-    predict_probs_sharded,
+    probs_from_logits,
     to_device,
 )
 from xdpx.metrics import classification_metrics, regression_metrics
@@ -115,7 +115,9 @@ class Objective:
         its probabilities, scored 256 samples at a time); under DDP each rank scores its
         share and all return the same metrics."""
         probs = [
-            predict_probs_sharded(module, x, 256, pad_id, device, rank, world_size)
+            probs_from_logits(
+                predict_logits_sharded(module, x, 256, pad_id, device, rank, world_size)
+            )  # fmt: skip
             for x, _ in parts
         ]
         labels = np.concatenate([y for _, y in parts])  # type: ignore[misc]
