@@ -8,7 +8,8 @@ An :class:`Objective` is given a window of samples and answers the trainer's que
   into micro-batches or ranks gives the same update;
 * :meth:`~Objective.batch`: the model's padded inputs and the targets of some samples;
 * :meth:`~Objective.loss`: the summed loss of a micro-batch's logits;
-* :meth:`~Objective.correct`: how many predictions were right (the train log's accuracy);
+* :meth:`~Objective.correct`: how many predictions were right (the train log's accuracy;
+  NaN where there is none);
 * :meth:`~Objective.passes`: the forward passes of a micro-batch (one; FreeLB's ascent
   steps: :class:`FreeLBPasses`);
 * :meth:`~Objective.evaluate`: the metrics of a split;
@@ -16,6 +17,7 @@ An :class:`Objective` is given a window of samples and answers the trainer's que
 
 The objectives here: :class:`Classification` (cross-entropy or squared hinge, class
 weights), :class:`Distillation` (Hinton et al.'s loss against a teacher's logits),
+:class:`Regression` (``train.task: regression``: squared error on score labels),
 :class:`MaskedLMObjective` (``train.task: mlm``), and the wrapper :class:`FreeLBPasses`
 (``train.adv: freelb``). :func:`build_objective` picks them from the ``train`` section. A new
 task is a new subclass; the trainer does not change.
