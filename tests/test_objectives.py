@@ -93,9 +93,9 @@ def test_callbacks_see_the_events_in_order_and_one_can_stop_training(real_subset
     assert [x[1:] for x in e if x[0] == "eval"] == [(6, 6), (12, 12)]
     saves = [x for x in e if x[0] == "save"]
     assert saves and all(exists for *_, exists in saves)
-    # each evaluation comes after its checkpoints (best on improvement, then last)
+    # each evaluation comes before its checkpoints (best on improvement, then last)
     first_eval = e.index(("eval", 6, 6))
-    assert e[first_eval - 1] == ("save", "last", True)
+    assert e[first_eval + 1 : first_eval + 3] == [("save", "best", True), ("save", "last", True)]
     assert e.index(("row", 6)) < first_eval < e.index(("row", 9))
 
     stop = Recorder(stop_at=6)
@@ -103,6 +103,8 @@ def test_callbacks_see_the_events_in_order_and_one_can_stop_training(real_subset
     result = trainer.fit()
     assert result.num_updates == 6 and trainer.stop_reason == "recorder"
     assert stop.events[-1] == ("end", 6)
+    # stopped, and its checkpoints written all the same
+    assert ("save", "last", True) in stop.events[stop.events.index(("eval", 6, 6)) :]
 
 
 class ScoreRegression(Objective):

@@ -6,10 +6,12 @@ The events, in the order :class:`xdpx.train.trainer.Trainer` fires them on every
 * ``on_fit_start(trainer)``: before the first update (after a resume's restore);
 * ``on_train_row(trainer, row, summaries)``: a ``train.log.tsv`` row was added to the state
   (every ``log_interval`` updates);
+* ``on_eval(trainer, event)``: a dev evaluation was recorded
+  (:class:`xdpx.train.state.EvalEvent`), before its checkpoints are written (so the run log's
+  rows are whole when a killed run's last checkpoint is found); raising
+  :class:`xdpx.train.state.StopTraining` here is the one way a callback stops training (like
+  an early stop: the checkpoints are still written, ``fit`` returns normally);
 * ``on_save(trainer, which, path)``: a checkpoint was written (rank 0 only);
-* ``on_eval(trainer, event)``: a dev evaluation was recorded and its checkpoints written
-  (:class:`xdpx.train.state.EvalEvent`); raising :class:`xdpx.train.state.StopTraining` here
-  is the one way a callback stops training (like an early stop: ``fit`` returns normally);
 * ``on_fit_end(trainer)``: training ended, before ``fit`` returns; also when it raised
   (then ``trainer.state.finished`` is False and the error propagates after the callbacks).
 
@@ -41,7 +43,8 @@ class Callback:
         """Checkpoint ``which`` (``best``, ``last`` or an update) was written at ``path``."""
 
     def on_eval(self, trainer: Any, event: EvalEvent) -> None:
-        """A dev evaluation; may raise ``StopTraining`` to end training after it."""
+        """A dev evaluation, before its checkpoints; may raise ``StopTraining`` to end
+        training after it."""
 
     def on_fit_end(self, trainer: Any) -> None:
         """Training ended (normally, by a stop, or by an exception)."""

@@ -164,8 +164,8 @@ class EvalEvent:
 class StopTraining(Exception):
     """Raised by an ``on_eval`` callback to end training after this evaluation (e.g. pruning).
 
-    The trainer handles it like an early stop: the evaluation's logs and
-    checkpoints are already written, ``last/`` is re-saved as finished, and
+    The trainer handles it like an early stop: the evaluation's logs are already written
+    and its checkpoints are written right after, ``last/`` is re-saved as finished, and
     ``fit`` returns normally; ``Trainer.stop_reason`` holds the message.
     """
 

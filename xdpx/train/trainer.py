@@ -84,9 +84,11 @@ class Trainer:
         assets_dir: prepared data dir (vocab/target map/meta copied into checkpoints).
         pad_id: padding id.
         on_eval: called as ``on_eval(EvalEvent)`` after each dev evaluation, once its
-            checkpoints are written (:class:`xdpx.train.callbacks.OnEval`, after ``callbacks``).
-            It may raise ``StopTraining`` to end training there; any other exception
-            propagates out of ``fit``. Under DDP every rank calls it and must decide alike.
+            ``valid.log.tsv`` row and DVCLive step are written and before its checkpoints
+            are (:class:`xdpx.train.callbacks.OnEval`, after ``callbacks``). It may raise
+            ``StopTraining`` to end training there (the checkpoints are still written); any
+            other exception propagates out of ``fit``. Under DDP every rank calls it and
+            must decide alike.
         objective: what the task computes (:mod:`xdpx.train.objectives`); None:
             :func:`~xdpx.train.objectives.build_objective` of ``cfg``.
         callbacks: subscribers to the training events (:mod:`xdpx.train.callbacks`), after the run
@@ -366,16 +368,25 @@ class Trainer:
         )  # fmt: skip
 
     def _eval_and_save(self, epoch: int) -> bool:
-        """Evaluate, log, save last (+best); returns True when training should stop early."""
+        """Evaluate, fire ``on_eval``, save last (+best); True when training should stop (early
+        stop, or a callback's ``StopTraining``: the checkpoints are saved all the same)."""
         st, cfg, metric = self.state, self.cfg, self.cfg.major_metric
-        info: dict[str, Any] = {"update": st.num_updates, "epoch": epoch}
-        info["samples_seen"] = st.samples_seen
+        info: dict[str, Any] = {"update": st.num_updates, "epoch": epoch, "samples_seen": st.samples_seen}  # fmt: skip
         if self.valid_seqs is None:  # no validation split: best is the last model
             self._save(BEST, info)
             self._save(LAST, info, full=True)
             return False
         metrics = self.evaluate()
         improved = st.record_eval(info, metrics, metric, cfg.tolerance)
+        event = EvalEvent(
+            st.num_updates, epoch, st.samples_seen, dict(metrics), metric, st.best_score,
+            self.total_updates,
+        )  # fmt: skip
+        try:  # before the saves, as the logs always were: a kill after a save finds them whole
+            self.callbacks.on_eval(self, event)
+        except StopTraining as stop:
+            self.stop_reason = str(stop) or "stop requested by on_eval"
+            log.info("update %d: training stopped: %s", st.num_updates, self.stop_reason)
         info_v = {**info, "valid": metrics}
         if improved:
             self._save(BEST, info_v)
@@ -386,17 +397,7 @@ class Trainer:
             "update %d epoch %d: valid %s=%.4f (best %.4f at %s)",
             st.num_updates, epoch, metric, metrics[metric], st.best_score, st.best_update,
         )  # fmt: skip
-        event = EvalEvent(
-            st.num_updates, epoch, st.samples_seen, dict(metrics), metric, st.best_score,
-            self.total_updates,
-        )  # fmt: skip
-        try:
-            self.callbacks.on_eval(self, event)
-        except StopTraining as stop:
-            self.stop_reason = str(stop) or "stop requested by on_eval"
-            log.info("update %d: training stopped: %s", st.num_updates, self.stop_reason)
-            return True
-        return st.stopped_early
+        return self.stop_reason is not None or st.stopped_early
 
     def _log_train_row(self, grad_norm: float, scale: float | None) -> None:
         """Append a ``train.log.tsv`` row (means since the last row) and reset the sums."""
