@@ -10,7 +10,8 @@ The events, in the order :class:`xdpx.train.trainer.Trainer` fires them on every
   (:class:`xdpx.train.state.EvalEvent`), before its checkpoints are written (so the run log's
   rows are whole when a killed run's last checkpoint is found); raising
   :class:`xdpx.train.state.StopTraining` here is the one way a callback stops training (like
-  an early stop: the checkpoints are still written, ``fit`` returns normally);
+  an early stop: ``fit`` returns normally); whatever a callback raises, the evaluation's
+  checkpoints are written before it takes effect;
 * ``on_save(trainer, which, path)``: a checkpoint was written (rank 0 only);
 * ``on_fit_end(trainer)``: training ended, before ``fit`` returns; also when it raised
   (then ``trainer.state.finished`` is False and the error propagates after the callbacks).

@@ -83,12 +83,10 @@ class Trainer:
         model_config: its constructor arguments, saved there too.
         assets_dir: prepared data dir (vocab/target map/meta copied into checkpoints).
         pad_id: padding id.
-        on_eval: called as ``on_eval(EvalEvent)`` after each dev evaluation, once its
-            ``valid.log.tsv`` row and DVCLive step are written and before its checkpoints
-            are (:class:`xdpx.train.callbacks.OnEval`, after ``callbacks``). It may raise
-            ``StopTraining`` to end training there (the checkpoints are still written); any
-            other exception propagates out of ``fit``. Under DDP every rank calls it and
-            must decide alike.
+        on_eval: ``on_eval(EvalEvent)`` after each dev evaluation's log rows
+            (:class:`xdpx.train.callbacks.OnEval`, after ``callbacks``); ``StopTraining`` ends
+            training, another exception leaves ``fit``, each after the checkpoints are saved.
+            Under DDP every rank calls it and must decide alike.
         objective: what the task computes (:mod:`xdpx.train.objectives`); None:
             :func:`~xdpx.train.objectives.build_objective` of ``cfg``.
         callbacks: subscribers to the training events (:mod:`xdpx.train.callbacks`), after the run
@@ -139,8 +137,7 @@ class Trainer:
         self.save_dir, self.run = cfg.save_dir, RunDir(cfg.save_dir)
         self.is_main = self.rank == 0
         self.logs = RunLog(self.run, enabled=self.is_main)
-        user = [*callbacks, *([OnEval(on_eval)] if on_eval is not None else [])]
-        self.callbacks = CallbackList([self.logs, *user])
+        self.callbacks = CallbackList([self.logs, *callbacks, *([OnEval(on_eval)] if on_eval else [])])  # fmt: skip
         self.optimizer = optim.build_optimizer(self.module, cfg)
         self.window_size = cfg.batch_size * cfg.update_freq * self.world_size
         self.total_updates = total_updates(len(self.data), self.window_size, cfg)
@@ -170,9 +167,7 @@ class Trainer:
         bar = progress_bar(self.total_updates, st.num_updates, enabled=self.is_main)
         profiler = None
         if cfg.profile and self.is_main:
-            profiler = diagnosis.start_profiler(
-                self.run, cfg.profile_steps, self.device.type == "cuda"
-            )
+            profiler = diagnosis.start_profiler(self.run, cfg.profile_steps, self.device.type == "cuda")  # fmt: skip
         try:
             self._loop(bar, profiler)
         finally:
@@ -382,10 +377,13 @@ class Trainer:
             st.num_updates, epoch, st.samples_seen, dict(metrics), metric, st.best_score,
             self.total_updates,
         )  # fmt: skip
-        try:  # before the saves, as the logs always were: a kill after a save finds them whole
+        raised = None  # on_eval runs before the saves (a kill after a save finds whole logs),
+        try:  # and whatever a callback raises, this evaluation's checkpoints are saved first
             self.callbacks.on_eval(self, event)
-        except StopTraining as stop:
-            self.stop_reason = str(stop) or "stop requested by on_eval"
+        except Exception as e:
+            raised = e
+        if isinstance(raised, StopTraining):
+            self.stop_reason = str(raised) or "stop requested by on_eval"
             log.info("update %d: training stopped: %s", st.num_updates, self.stop_reason)
         info_v = {**info, "valid": metrics}
         if improved:
@@ -397,6 +395,8 @@ class Trainer:
             "update %d epoch %d: valid %s=%.4f (best %.4f at %s)",
             st.num_updates, epoch, metric, metrics[metric], st.best_score, st.best_update,
         )  # fmt: skip
+        if raised is not None and self.stop_reason is None:
+            raise raised
         return self.stop_reason is not None or st.stopped_early
 
     def _log_train_row(self, grad_norm: float, scale: float | None) -> None:
