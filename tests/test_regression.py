@@ -150,6 +150,8 @@ def test_export_has_parity_and_serving_refuses_scores(regression_run, tmp_path):
         )  # fmt: skip
     )
     assert exported.parity["num_samples"] == 64  # the one output, onnxruntime vs eager
+    latency = json.loads((out / "latency.json").read_text())["onnx"]
+    assert (latency["runs"], latency["warmup"]) == (1, 1)  # export.latency_runs
     with pytest.raises(ValueError, match="quantize=int8 reports a classifier"):
         export.run(ExportConfig(checkpoint=f"{run}/<best>", data_dir=str(data), out_dir=str(tmp_path / "q"), quantize="int8"))  # fmt: skip
     from xdpx.serving.repl import Predictor

@@ -333,8 +333,7 @@ def check_reader(section: str, cfg: Any) -> Any:
             section, "data_dir", PreparedMeta.path_in(cfg.data_dir), "run prepro first"
         )
         check_model_fits_data(model, cfg.data_dir, f"{section}.checkpoint {path}: model")
-        scores = PreparedMeta.read(path).prepro.get("label_type", "class") == "score"
-        if section == "export" and cfg.quantize and scores:
+        if section == "export" and cfg.quantize and PreparedMeta.read(path).prepro.get("label_type") == "score":  # fmt: skip
             raise ValueError(
                 f"export.quantize=int8 reports a classifier's accuracy change; {path} is a "
                 "regression model (prepro.label_type=score): export it with quantize=null"

@@ -26,6 +26,7 @@ from xdpx.data.vocab import TargetMap, Vocab
 
 __all__ = [
     "Encoder",
+    "parse_scores",
     "META_FILE",
     "VOCAB_FILE",
     "TARGET_MAP_FILE",
@@ -36,6 +37,16 @@ VOCAB_FILE = "vocab.txt"
 TARGET_MAP_FILE = "target_map.txt"
 #: The files a directory needs for :meth:`Encoder.from_dir` (copy them into a checkpoint).
 ENCODER_FILES = (META_FILE, VOCAB_FILE, TARGET_MAP_FILE)
+
+
+def parse_scores(labels: Sequence[str]) -> np.ndarray:
+    """``[n]`` float32 of score labels (``prepro.label_type: score``; the reader has checked
+    that each is a finite number).
+
+    Raises:
+        ValueError: a label that is not a number.
+    """
+    return np.asarray([float(x) for x in labels], dtype=np.float32)
 
 
 class Encoder:
@@ -275,7 +286,7 @@ class Encoder:
             ValueError: a label that is not a number (score; the reader checks it first).
         """
         if self.label_type == "score":
-            return np.asarray([float(x) for x in labels], dtype=np.float32)
+            return parse_scores(labels)
         return np.asarray(self.target_map.encode(labels), dtype=np.int64)
 
     # ------------------------------------------------------------------ loading

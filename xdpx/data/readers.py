@@ -90,9 +90,6 @@ class ScoreLabels:
         except (TypeError, ValueError):
             return False
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(())
-
 
 class _Collector:
     """Validates one record (column -> value) and appends it to a ReadResult."""

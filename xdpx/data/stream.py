@@ -41,7 +41,7 @@ from tqdm import tqdm
 from xdpx import io
 from xdpx.config import PreproConfig
 from xdpx.data.conflicts import text_hashes
-from xdpx.data.encoder import Encoder
+from xdpx.data.encoder import Encoder, parse_scores
 from xdpx.data.readers import MAX_BAD_LINES, DataError, iter_examples
 from xdpx.data.shards import NO_LABEL, shard_schema
 from xdpx.data.tokenizers import HFTokenizer, TokenBatch, make_tokenizer
@@ -252,7 +252,10 @@ def count_file(path: str, cfg: PreproConfig, allowed_labels: set[str] | None = N
     score = cfg.label_type == "score"
     for chunk in iter_examples(path, cfg, True, allowed_labels, cfg.chunk_rows):
         out.rows += len(chunk)
-        out.labels.update([SCORE] * len(chunk) if score else chunk.labels or [])
+        if score:
+            out.labels[SCORE] += len(chunk)
+        else:
+            out.labels.update(chunk.labels or [])
     return out
 
 
@@ -340,14 +343,16 @@ def _encode_chunk(
     else:
         y = encoder.encode_labels(labels).astype(np.float32 if score else np.int32)
     hashes = None  # hashed here, in the worker, when prepro.conflicts looks for them
-    if labels is not None and _conflicts_checked(spec.prepro):
+    if labels is not None and _conflicts_checked(
+        spec.prepro.get("conflicts"), spec.prepro.get("label_type", "class")
+    ):
         hashes = text_hashes(texts, texts2)
     return _chunk(values, offsets, full, second, y, encoder.max_len, hashes)
 
 
-def _conflicts_checked(prepro: dict[str, Any]) -> bool:
-    """prepro looks for texts under two labels (``conflicts`` not off; class labels)."""
-    return prepro.get("conflicts") != "off" and prepro.get("label_type", "class") == "class"
+def _conflicts_checked(conflicts: str | None, label_type: str) -> bool:
+    """prepro looks for texts under two labels (``prepro.conflicts`` not off; class labels)."""
+    return conflicts != "off" and label_type == "class"
 
 
 def _chunk(
@@ -459,7 +464,9 @@ def _pass_file(
     the jobs in order (``encode``) and write them as shards; fill ``out``'s statistics.
     ``label_counts`` covers the label ids seen (callers pad it)."""
     counts = np.zeros(0, dtype=np.int64)
-    record = _conflicts_checked(cfg.model_dump())  # the row records of xdpx.data.conflicts
+    record = _conflicts_checked(
+        cfg.conflicts, cfg.label_type
+    )  # the row records of xdpx.data.conflicts
     hashes: list[np.ndarray] = []
     lines: list[np.ndarray] = []
     labels: list[np.ndarray] = []
@@ -605,7 +612,7 @@ def tokenize_file(
         cfg.lower,
         cfg.transliterate,
         cfg.max_len,
-        _conflicts_checked(cfg.model_dump()),
+        _conflicts_checked(cfg.conflicts, cfg.label_type),
     )
     index: dict[str, int] = {}
     label_index: dict[str, int] = {}
@@ -629,7 +636,7 @@ def tokenize_file(
             first, second = batch.split(len(chunk)) if chunk.texts2 is not None else (batch, None)
             if score:  # the numbers themselves; one output, "score"
                 label_index.setdefault(SCORE, 0)
-                labels = np.asarray([float(x) for x in chunk.labels], dtype=np.float32)
+                labels = parse_scores(chunk.labels)
             else:
                 for lab in dict.fromkeys(chunk.labels):  # the chunk's labels, first seen first
                     label_index.setdefault(lab, len(label_index))
