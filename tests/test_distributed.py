@@ -31,14 +31,20 @@ COMMON = {
 
 
 def train(tmp_path: Path, prepared: str, name: str, nproc: int, **train) -> Path:
+    """``python -m stages.train --params <name>.yaml [--nproc N]``: with ``nproc`` > 1 a
+    subprocess (torchrun), with 1 the same entry point in this process (its result is
+    the same; a process start costs ~3 s of imports). Returns the run directory."""
     run = tmp_path / name
     params = tmp_path / f"{name}.yaml"
     params.write_text(
         yaml.safe_dump({"train": {"data_dir": prepared, "save_dir": str(run), **COMMON, **train}})
     )
-    cmd = [sys.executable, "-m", "stages.train", "--params", str(params)]
-    if nproc > 1:
-        cmd += ["--nproc", str(nproc)]
+    if nproc == 1:
+        from stages import train as train_stage
+
+        train_stage.main(["--params", str(params)])
+        return run
+    cmd = [sys.executable, "-m", "stages.train", "--params", str(params), "--nproc", str(nproc)]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return run
