@@ -32,10 +32,11 @@ def sh(*args: str, cwd: Path, env: dict) -> str:
     return proc.stdout + proc.stderr
 
 
-@pytest.fixture(scope="module")
-def project(tmp_path_factory):
-    """A fresh git+DVC clone-alike of this project with a small params.yaml."""
-    root = tmp_path_factory.mktemp("project")
+def make_project(root: Path, repro: bool = True) -> tuple[Path, dict]:
+    """A fresh git+DVC clone-alike of this project in ``root`` with a small params.yaml,
+    committed; with ``repro``, ``dvc repro`` has run and its lock and outputs are committed
+    too. Returns ``(root, env)``: the environment runs this interpreter's dvc."""
+    root.mkdir(parents=True, exist_ok=True)
     for name in ("xdpx", "stages", "plots"):
         shutil.copytree(ROOT / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("dvc.yaml", ".gitignore", ".dvcignore"):
@@ -58,10 +59,17 @@ def project(tmp_path_factory):
     shutil.copy(ROOT / ".dvc" / "config", root / ".dvc" / "config")
     sh("git", "add", "-A", cwd=root, env=env)
     sh("git", "commit", "-qm", "init", cwd=root, env=env)
-    sh("dvc", "repro", cwd=root, env=env)  # each test starts from a committed repro
-    sh("git", "add", "-A", cwd=root, env=env)
-    sh("git", "commit", "-qm", "first repro", cwd=root, env=env)
+    if repro:
+        sh("dvc", "repro", cwd=root, env=env)  # each test starts from a committed repro
+        sh("git", "add", "-A", cwd=root, env=env)
+        sh("git", "commit", "-qm", "first repro", cwd=root, env=env)
     return root, env
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    """:func:`make_project` with the committed repro."""
+    return make_project(tmp_path_factory.mktemp("project"))
 
 
 @contextlib.contextmanager

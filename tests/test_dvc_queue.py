@@ -18,7 +18,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from test_dvc import project, sh  # noqa: F401 - `project` is a fixture (a temp git+DVC copy)
+from test_dvc import make_project, sh
 
 pytestmark = pytest.mark.e2e
 
@@ -154,7 +154,7 @@ def wait_for_queue(
                 idle_since, restarts = None, restarts + 1
         else:
             idle_since = None
-        time.sleep(5)
+        time.sleep(3)
     raise AssertionError(
         f"queue not done after {timeout_s} s ({restarts} worker restarts):\n"
         f"{diagnostics(root, env)}"
@@ -162,13 +162,22 @@ def wait_for_queue(
 
 
 def stop_workers(root: Path, env: dict) -> None:
-    """Idle workers exit by themselves within ~10 s; make sure none outlives the test."""
+    """`dvc queue stop`: idle workers shut down at once (they would exit by themselves after
+    ~10 s); make sure none outlives the test (bounded, then `--kill`)."""
+    subprocess.run(["dvc", "queue", "stop"], cwd=root, env=env, capture_output=True, timeout=120)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if "0 active, 0 idle" in queue_status(root, env):
             return
-        time.sleep(3)
+        time.sleep(1)
     subprocess.run(["dvc", "queue", "stop", "--kill"], cwd=root, env=env, timeout=120)
+
+
+@pytest.fixture()
+def project(tmp_path):
+    """A git+DVC copy of the project without a baseline repro: each queued experiment runs
+    the whole pipeline in its own clone, and `dvc exp show` lists only what they made."""
+    return make_project(tmp_path / "project", repro=False)
 
 
 def experiments(shown: list[dict]) -> dict[str, dict]:
@@ -181,7 +190,7 @@ def experiments(shown: list[dict]) -> dict[str, dict]:
     return out
 
 
-def test_queued_learning_rate_grid_runs_both_and_exp_show_has_their_metrics(project):  # noqa: F811
+def test_queued_learning_rate_grid_runs_both_and_exp_show_has_their_metrics(project):
     root, env = project
     # a grid needs the queue: DVC refuses it in the workspace with a clear message
     proc = subprocess.run(
