@@ -119,7 +119,7 @@ def test_no_fail_and_no_warn_for_minilm(real_subset, tmp_path):
         )
     )  # fmt: skip
     found = report(
-        out, model="hf_classifier", pretrained_model=MINILM, learning_rate=1e-4, batch_size=32
+        out, model="hf_classifier", pretrained_model=MINILM, learning_rate=1e-4, batch_size=16
     )
     assert_clean(found)
     assert "[CLS]" in "\n".join(found["first_batch"].lines)

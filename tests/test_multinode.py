@@ -105,7 +105,7 @@ def test_killing_one_node_then_restarting_both_with_resume_ends_as_uninterrupted
     real_subset, tmp_path
 ):
     _, prepared = real_subset
-    longer = {"max_update": 300, "save_interval": 10, "save_full_checkpoint": True, "dropout": 0.3, "log_sample_ids": True}  # fmt: skip
+    longer = {"max_update": 100, "save_interval": 10, "save_full_checkpoint": True, "dropout": 0.3, "log_sample_ids": True}  # fmt: skip
     run = tmp_path / "shared" / "run"
     nodes = _nodes(tmp_path, prepared, run, batch_size=8, **longer)
     port = _free_port()
