@@ -257,7 +257,7 @@ def test_flow_pretrains_with_mlm_then_fine_tunes_the_adapted_model(
     common = ["train.max_update=2", "train.batch_size=8", "train.threads=1"]
     results = xdpx_pipeline(
         params=str(repo / "params/bert-minilm.yaml"),
-        overrides=["fetch.limit=300", "prepro.max_len=32", "export.num_samples=8", *common],
+        overrides=["fetch.limit=300", "prepro.max_len=32", "export.num_samples=8", "export.latency_runs=2", *common],  # fmt: skip
         pretrain=str(repo / "params/pretrain-minilm.yaml"),
         pretrain_overrides=["train.save_dir=models/mlm", *common],
     )

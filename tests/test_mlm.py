@@ -201,9 +201,10 @@ def test_mlm_rerun_is_bit_identical_and_sigkill_resume_too(real_subset, tmp_path
     resume continues exactly (the killed run's first part is itself a rerun)."""
     _, prepared = real_subset
     runs = {name: tmp_path / name for name in ("a", "killed")}
-    procs = {name: start_train(_mlm_params(tmp_path, prepared, d)) for name, d in runs.items()}
+    short = {"max_update": 60}  # 6 evaluations; the kill comes after the 2nd
+    procs = {name: start_train(_mlm_params(tmp_path, prepared, d, **short)) for name, d in runs.items()}  # fmt: skip
     kill_after_checkpoint(procs["killed"], runs["killed"] / "last" / "trainer_state.json", 20)
-    resumed = start_train(_mlm_params(tmp_path, prepared, runs["killed"]), "train.resume=true")
+    resumed = start_train(_mlm_params(tmp_path, prepared, runs["killed"], **short), "train.resume=true")  # fmt: skip
     for name, proc in (("a", procs["a"]), ("resumed", resumed)):
         _, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, (name, err[-3000:])
