@@ -255,9 +255,10 @@ def test_flow_pretrains_with_mlm_then_fine_tunes_the_adapted_model(
     repo = Path(__file__).resolve().parents[1]
     monkeypatch.chdir(tmp_path)
     common = ["train.max_update=2", "train.batch_size=8", "train.threads=1"]
+    small = ["fetch.limit=300", "prepro.max_len=32", "export.num_samples=8", "export.latency_runs=2"]  # fmt: skip
     results = xdpx_pipeline(
         params=str(repo / "params/bert-minilm.yaml"),
-        overrides=["fetch.limit=300", "prepro.max_len=32", "export.num_samples=8", "export.latency_runs=2", *common],  # fmt: skip
+        overrides=[*small, *common],
         pretrain=str(repo / "params/pretrain-minilm.yaml"),
         pretrain_overrides=["train.save_dir=models/mlm", *common],
     )
