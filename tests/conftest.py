@@ -17,26 +17,34 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _share)))
 
 # The slowest test files, slowest first (seconds per file measured under `make test` on
-# 2 cores: hf 260, dvc 201, dvc_queue 165, resume 161, deploy 156, distributed 132, remote
-# 109, dvc_remote 92, doctor 90, freelb 54, data 51, gpu_check ~40 (alone), flow 34; every other file under 25). They start
-# first so that under pytest-xdist no long file is left to run alone at the end. This
-# needs `--no-loadscope-reorder` (the Makefile passes it): by default pytest-xdist >= 3.6
-# reorders files by their number of tests, which put these (1-13 tests each) last and
-# left one worker idle for ~5 of the suite's 16 minutes.
+# 2 cores, 2026-11-27: dvc 87, multinode 80, hf 72, distributed 71, scale 70, deploy 69,
+# remote 58, dvc_queue 58, flow 56, cv 47, doctor 46, bench_scale 41, gpu_check 38, dvc_remote
+# 33, suite 33, mlm 30, bench_cv 27, record 24, resume 20, freelb 20; every other file under
+# 15). They start first, longest first, so that under pytest-xdist no long file is left to
+# run alone at the end. This needs `--no-loadscope-reorder` (the Makefile passes it): by
+# default pytest-xdist >= 3.6 reorders files by their number of tests, which put these (1-13
+# tests each) last and left one worker idle for ~5 of the suite's 16 minutes.
 _SLOW_FIRST = (
-    "test_hf.py",
     "test_dvc.py",
-    "test_dvc_queue.py",
-    "test_resume.py",
-    "test_deploy.py",
+    "test_multinode.py",
+    "test_hf.py",
     "test_distributed.py",
+    "test_scale.py",
+    "test_deploy.py",
     "test_remote.py",
-    "test_dvc_remote.py",
-    "test_doctor.py",
-    "test_freelb.py",
-    "test_data.py",
-    "test_gpu_check.py",
+    "test_dvc_queue.py",
     "test_flow.py",
+    "test_cv.py",
+    "test_doctor.py",
+    "test_bench_scale.py",
+    "test_gpu_check.py",
+    "test_dvc_remote.py",
+    "test_suite.py",
+    "test_mlm.py",
+    "test_bench_cv.py",
+    "test_record.py",
+    "test_resume.py",
+    "test_freelb.py",
 )
 
 

@@ -36,6 +36,14 @@ def train_cli(capsys: pytest.CaptureFixture, params: Path, *args: str) -> tuple[
     return code, capsys.readouterr().err
 
 
+def train_here(params: Path, *overrides: str) -> None:
+    """What :func:`start_train` runs, in this process and to the end (a subprocess adds ~3 s
+    of imports): for runs that nothing kills."""
+    from stages import train
+
+    train.main(["--params", str(params), *overrides])
+
+
 def train_params(tmp_path: Path, prepared: str, save_dir: Path, **train) -> Path:
     """A params file with only a train section (every other key default)."""
     cfg = {

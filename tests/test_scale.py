@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from test_resume import kill_after_checkpoint, start_train, train_params, weights
+from test_resume import kill_after_checkpoint, start_train, train_here, train_params, weights
 
 from flows.corpora import materialize
 from stages import prepro
@@ -244,8 +244,7 @@ def test_lazy_single_shard_trains_the_in_memory_model(real_subset, tmp_path):
     for lazy in (False, True):
         run = tmp_path / f"lazy-{lazy}"
         params = train_params(tmp_path, prepared, run, lazy_load=lazy, max_epoch=1)
-        proc = start_train(params)
-        assert proc.wait(timeout=300) == 0, proc.stderr.read()
+        train_here(params)
         runs[lazy] = run
     for name in ("best", "last"):
         a, b = weights(runs[False], name), weights(runs[True], name)
@@ -265,8 +264,7 @@ def test_lazy_order_does_not_depend_on_update_freq_at_a_constant_window(sharded,
             tmp_path, str(prepared), run, lazy_load=True, batch_size=batch, update_freq=freq,
             max_epoch=2, log_sample_ids=True, save_full_checkpoint=False, tolerance=100,
         )  # fmt: skip
-        proc = start_train(params)
-        assert proc.wait(timeout=300) == 0, proc.stderr.read()
+        train_here(params)
         logs.append(_samples_log(run))
     pd.testing.assert_frame_equal(*logs)
     by_epoch = (
