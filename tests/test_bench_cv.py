@@ -37,9 +37,14 @@ def test_summarize_gives_the_mean_difference_its_standard_error_and_t_interval()
 def test_two_seeds_give_two_splits_scored_by_both_models_inside_the_work_dir(
     tmp_path, monkeypatch, capsys
 ):
+    from xdpx import baselines
+
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     monkeypatch.chdir(cwd)  # nothing may be written outside --work-dir (data/, models/, reports/)
+    # two fastText grid points instead of 24 (~11 s a split here; the grid: tests/test_suite.py)
+    small_grid = {"epoch": (5,), "lr": (0.5,), "wordNgrams": (1,), "subwords": (False, True)}
+    monkeypatch.setattr(baselines, "FASTTEXT_GRID", small_grid)
     work, out = tmp_path / "work", tmp_path / "cv.json"
     result = baseline_cv.main(
         [
