@@ -175,7 +175,7 @@ def test_truncated_checkpoint_clear_error_previous_survives_failed_save(
         load_training_state(str(run / "last"))
 
 
-@pytest.mark.e2e
+@pytest.mark.integration  # the CLI's entry point, in-process
 def test_resume_rules(real_subset, tmp_path, capsys):
     """resume=true on an empty dir starts fresh; a changed batch size or a model-only run is refused."""
     _, prepared = real_subset
