@@ -11,6 +11,7 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
+from test_resume import train_here
 
 pytestmark = pytest.mark.e2e
 
@@ -40,9 +41,7 @@ def train(tmp_path: Path, prepared: str, name: str, nproc: int, **train) -> Path
         yaml.safe_dump({"train": {"data_dir": prepared, "save_dir": str(run), **COMMON, **train}})
     )
     if nproc == 1:
-        from stages import train as train_stage
-
-        train_stage.main(["--params", str(params)])
+        train_here(params)
         return run
     cmd = [sys.executable, "-m", "stages.train", "--params", str(params), "--nproc", str(nproc)]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)

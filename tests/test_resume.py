@@ -25,11 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def train_cli(capsys: pytest.CaptureFixture, params: Path, *args: str) -> tuple[int, str]:
     """``python -m stages.train --params PARAMS ARGS``'s entry point, in this process (a
     subprocess would add ~3 s of imports): its exit status and what it wrote to stderr."""
-    from stages import train
-
     capsys.readouterr()
     try:
-        train.main(["--params", str(params), *args])
+        train_here(params, *args)
         code = 0
     except SystemExit as e:
         code = e.code
