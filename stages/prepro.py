@@ -144,6 +144,8 @@ def build_spec(
         else:
             assert counts is not None and counts.tokens is not None
             vocab = Vocab.build(counts.tokens, cfg.threshold, cfg.nwords)
+            if cfg.oov == "spell" and tokenizer != "char":
+                vocab = vocab.with_chars()
         vocab_lines = spec_vocab = list(vocab.tokens)
     spec = EncoderSpec(cfg.model_dump(mode="json"), tokenizer, spec_vocab, list(target_map.labels))
     return spec, vocab_lines

@@ -29,6 +29,7 @@ from xdpx.data import (
     read_examples,
     write_split,
 )
+from xdpx.data.vocab import is_char_token
 
 
 def write(path: Path, text: str) -> str:
@@ -374,7 +375,7 @@ def test_prepro_target_map_file(tmp_path):
 def test_prepro_vocab_options(tmp_path):
     make_raw(tmp_path)
     write(tmp_path / "raw" / "small.tsv", "text\tlabel\nA b a\tpos\nb c a d\tneg\n")
-    small = {"data_files": {"train": "small.tsv"}, "tokenizer": "whitespace"}
+    small = {"data_files": {"train": "small.tsv"}, "tokenizer": "whitespace", "oov": "unk"}
     prepro.run(cfg := cfg_for(tmp_path, **small))
     assert Vocab.load(io.join(cfg.data_dir, "vocab.txt")).tokens == [PAD, UNK, "a", "b", "c", "d"]
     prepro.run(cfg := cfg_for(tmp_path, **small, nwords=4))
@@ -382,6 +383,13 @@ def test_prepro_vocab_options(tmp_path):
     prepro.run(cfg := cfg_for(tmp_path, **small, threshold=2))
     assert Vocab.load(io.join(cfg.data_dir, "vocab.txt")).tokens == [PAD, UNK, "a", "b"]
     assert load_split(cfg.data_dir, "train").input_ids[1].tolist() == [3, 1, 2, 1]
+    # oov: spell (the default) appends a ##c token per character of the kept words; the
+    # train split keeps [UNK] alone for its words under the threshold, other texts spell
+    prepro.run(cfg := cfg_for(tmp_path, **{**small, "oov": "spell"}, threshold=2))
+    vocab = Vocab.load(io.join(cfg.data_dir, "vocab.txt"))
+    assert vocab.tokens == [PAD, UNK, "a", "b", "##a", "##b"]
+    assert load_split(cfg.data_dir, "train").input_ids[1].tolist() == [3, 1, 2, 1]
+    assert Encoder.from_dir(cfg.data_dir).encode(["b ab c"])[0].tolist() == [3, 1, 4, 5, 1]
     user = write(tmp_path / "v.txt", "good\nbook\n")
     cfg = cfg_for(tmp_path, tokenizer="whitespace", vocab_file=user)
     prepro.run(cfg)
@@ -594,10 +602,41 @@ def test_prepro_transliterate_is_replayed_by_the_encoder(tmp_path, tokenizer):
     assert [x.tolist() for x in enc.encode(texts)] == [x.tolist() for x in train.input_ids]
     if tokenizer == "whitespace":
         vocab = Vocab.load(io.join(cfg.data_dir, "vocab.txt"))
-        assert set(vocab.tokens[2:]) == {"hen", "hao", "yin", "hang", "bu"}
+        words = {t for t in vocab.tokens[2:] if not is_char_token(t)}  # + ##c (oov: spell)
+        assert words == {"hen", "hao", "yin", "hang", "bu"}
         assert train.input_ids[1].tolist() == vocab.encode(["yin", "hang", "bu", "hao"])
     else:
         hf = make_tokenizer("hf", path=minilm)
         assert train.input_ids[1].tolist() == hf.encode("yin hang bu hao")
         assert hf.unk_id not in train.input_ids[1].tolist()
         assert hf.unk_id in hf.encode("银行不好")  # what the shards would hold without it
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("max_len", [3, 12, 4096])
+def test_spelled_encoding_equals_spelling_each_token(tmp_path, max_len):
+    """``oov: spell`` on real STS-B sentences with a vocab of the first 100: each text is the
+    concatenation of :meth:`Vocab.spell` of its tokens cut to ``max_len`` ids, and its full
+    length exceeds ``max_len`` exactly when ids were cut (prepro's truncation count); an
+    empty text is ``[UNK]``."""
+    from flows.corpora import materialize
+    from xdpx.data import WordTokenizer
+
+    materialize("stsb", str(tmp_path / "raw"), seed=1, limit=300)
+    lines = (tmp_path / "raw" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    texts = [line.split("\t")[0] for line in lines] + [""]
+    tok = WordTokenizer()
+    vocab = Vocab.from_token_lists(tok.tokenize(t) for t in texts[:100]).with_chars()
+    enc = Encoder(tok, TargetMap(["0", "1"]), max_len, vocab, spell_oov=True)
+    values, offsets, full = enc.encode_flat(texts)
+    spelled = 0
+    for i, text in enumerate(texts):
+        want = [j for t in tok.tokenize(text) for j in vocab.spell(t)] or [Vocab.unk_id]
+        assert values[offsets[i] : offsets[i + 1]].tolist() == want[:max_len]
+        assert (full[i] > max_len) == (len(want) > max_len)
+        if len(want) <= max_len:
+            assert full[i] == len(tok.tokenize(text)) + sum(len(vocab.spell(t)) - 1 for t in tok.tokenize(text))  # fmt: skip
+        spelled += len(want) > len(tok.tokenize(text))
+    assert spelled > 100  # most held-out sentences have a word outside the vocab
+    plain = Encoder(tok, TargetMap(["0", "1"]), max_len, vocab)  # oov: unk
+    assert plain.encode([texts[-2]])[0].tolist() == vocab.encode(tok.tokenize(texts[-2]))[:max_len]

@@ -11,6 +11,7 @@ from flows.corpora import materialize
 from stages import fetch
 from xdpx.config import FetchConfig
 from xdpx.data import CharTokenizer, PreparedMeta, Vocab, WordTokenizer
+from xdpx.data.vocab import is_char_token
 from xdpx.models.ngram import SUBWORD_WIDTH, NgramLR, char_ngrams
 
 
@@ -87,8 +88,10 @@ def test_union_rows_equal_sklearn_feature_union(tmp_path) -> None:
             [(k, TfidfVectorizer(analyzer=f, sublinear_tf=True, norm="l2" if norm == "union" else None)) for k, f in (("w", words), ("c", chars))]
         )  # fmt: skip
         expected = union.fit_transform(tokenized).tocsr()
+        # 2^25 buckets: two of these 3,558 features share one of 2^24 (a random hash does so
+        # with probability ~n^2 / 2m = 0.38 there), none of 2^25
         model = NgramLR(
-            len(vocab), 2, [1, 2], 1 << 24, char_ngram_orders=[2, 3, 4, 5],
+            len(vocab), 2, [1, 2], 1 << 25, char_ngram_orders=[2, 3, 4, 5],
             ngram_weighting="tfidf", ngram_norm=norm,
         )  # fmt: skip
         facts = model.prepare(vocab.tokens, ids)
@@ -165,8 +168,8 @@ def test_match_ngram_cosines_per_kind_equal_sklearn(tmp_path) -> None:
         ({"pair_cosine": "per_kind", "cosine_scale": 16.0}, 16.0 * want),
         ({"pair_cosine": "joint"}, want.sum(dim=1, keepdim=True)),
     ):
-        model = MatchNgram(
-            len(vocab), 2, [1, 2], 1 << 24, char_ngram_orders=[2, 3, 4, 5],
+        model = MatchNgram(  # 2^25 buckets: two of the 4,843 features share one of 2^24
+            len(vocab), 2, [1, 2], 1 << 25, char_ngram_orders=[2, 3, 4, 5],
             ngram_weighting="tfidf", ngram_norm="union", **cosine,
         )  # fmt: skip
         assert model.prepare(vocab.tokens, ids)["num_features"] == columns  # no bucket collision
@@ -305,7 +308,7 @@ def test_remembered_training_features_are_the_computed_ones(tmp_path) -> None:
     assert model._memo == {} and model._memo_bytes == 0
 
 
-def _meta(tokenizer: str) -> PreparedMeta:
+def _meta(tokenizer: str, oov: str | None = None) -> PreparedMeta:
     return PreparedMeta(
         tokenizer=tokenizer,
         lower=True,
@@ -314,22 +317,23 @@ def _meta(tokenizer: str) -> PreparedMeta:
         num_labels=2,
         labels=["0", "1"],
         splits={},
-        prepro={},
+        prepro={} if oov is None else {"oov": oov},
     )
 
 
 @pytest.mark.unit
 def test_resolve_config_by_tokenizer() -> None:
     base = {"ngram_orders": None, "char_ngram_orders": None}
-    char = {"ngram_orders": [1, 2, 3, 4], "char_ngram_orders": []}
+    char = {"ngram_orders": [1, 2, 3, 4], "char_ngram_orders": [], "oov_chars": False}
     assert NgramLR.resolve_config(base, _meta("char")) == char
+    assert NgramLR.resolve_config(base, _meta("char", "spell")) == char  # no sub-words
     assert NgramLR.resolve_config(base, None) == char
-    assert NgramLR.resolve_config(base, _meta("word")) == {
-        "ngram_orders": [1, 2],
-        "char_ngram_orders": [2, 3, 4, 5],
-    }
-    mine = {"ngram_orders": [1], "char_ngram_orders": []}
-    assert NgramLR.resolve_config(mine, _meta("word")) == mine
+    word = {"ngram_orders": [1, 2], "char_ngram_orders": [2, 3, 4, 5], "oov_chars": False}
+    assert NgramLR.resolve_config(base, _meta("word")) == word  # data prepared before oov
+    assert NgramLR.resolve_config(base, _meta("word", "unk")) == word
+    assert NgramLR.resolve_config(base, _meta("word", "spell")) == {**word, "oov_chars": True}
+    mine = {"ngram_orders": [1], "char_ngram_orders": [], "oov_chars": False}
+    assert NgramLR.resolve_config(mine, _meta("word", "spell")) == mine
 
 
 @pytest.mark.unit
@@ -432,3 +436,74 @@ def test_flat_hashing_gives_each_text_the_padded_paths_features(tmp_path, corpus
             flat = sorted(buckets[(text == i) & (buckets != 0)].tolist())
             assert flat == sorted(padded[i][padded[i] != 0].tolist()), i
         assert len(set(text.tolist())) == 64 and (buckets != 0).sum() > 64 * 10
+
+
+@pytest.mark.unit
+def test_spelled_unknown_words_keep_their_character_ngrams(tmp_path) -> None:
+    """``prepro.oov: spell`` on real STS-B texts, vocab from the first 200: a text whose words
+    the vocab lacks (``[UNK]`` + ``##c`` tokens) gets the same character n-gram buckets as
+    when its words are in the vocab (the sub-word table and the spelled runs hash alike), in
+    the flat (training) and padded (ONNX) paths, and both paths give the same logits."""
+    from collections import Counter
+
+    texts = _corpus(tmp_path, "stsb", 400)
+    tokenized = [WordTokenizer().tokenize(t) for t in texts]
+    full = Vocab.build(Counter(t for toks in tokenized for t in toks), 1, -1)
+    known = Vocab.build(Counter(t for toks in tokenized[:200] for t in toks), 1, -1).with_chars()
+    spelled = [np.asarray([i for t in toks for i in known.spell(t)]) for toks in tokenized]
+    plain = [np.asarray(full.encode(toks)) for toks in tokenized]
+    # texts whose unknown words are fully spelled (every character has a ##c) and short enough
+    # for the table's SUBWORD_WIDTH n-grams per word
+    unknown = [[t for t in toks if t not in known] for toks in tokenized[200:]]
+    usable = [
+        200 + i
+        for i, words in enumerate(unknown)
+        if words and all(len(w) <= 12 and all("##" + c in known for c in w) for w in words)
+    ]
+    assert len(usable) > 50  # real held-out texts have unknown words
+    kw = {"char_ngram_orders": [2, 3, 4, 5], "ngram_norm": "union", "ngram_weighting": "tfidf"}
+    ref = NgramLR(len(full), 2, [1, 2], 1 << 18, **kw)
+    ref.prepare(full.tokens, plain[:200])
+    model = NgramLR(len(known), 2, [1, 2], 1 << 18, oov_chars=True, **kw)
+    model.prepare(known.tokens, spelled[:200])
+    assert int((model.char_symbol > 0).sum()) == sum(map(is_char_token, known.tokens))
+
+    def char_buckets_of(m: NgramLR, seqs: list[np.ndarray]) -> list[list[int]]:
+        group, buckets = m._flat_feature_ids(_pad(seqs), groups=True)
+        sub = (group % 2 == 1) & (buckets != 0)
+        return [sorted(buckets[sub & (group // 2 == i)].tolist()) for i in range(len(seqs))]
+
+    batch = usable[:64]
+    assert char_buckets_of(model, [spelled[i] for i in batch]) == char_buckets_of(ref, [plain[i] for i in batch])  # fmt: skip
+    padded = _pad([spelled[i] for i in batch], extra=3)
+    ids, kind = model._padded_feature_ids(padded)
+    for row, got in enumerate(char_buckets_of(model, [spelled[i] for i in batch])):
+        assert sorted(ids[row][(kind[row] == 1) & (ids[row] != 0)].tolist()) == got
+    torch.manual_seed(0)
+    torch.nn.init.normal_(model.weight.weight, std=3.0)
+    with torch.no_grad():
+        logits = model(padded)
+        torch.testing.assert_close(model._forward_padded(padded), logits, atol=1e-5, rtol=1e-5)
+    # the exported graph on onnxruntime: a single-text model and a pair model, on batches of
+    # other sizes and widths than the tracing example
+    from xdpx.models.ngram import MatchNgram
+    from xdpx.serving.export import export_onnx, ort_logits, ort_session
+
+    pair = MatchNgram(len(known), 2, [1, 2], 1 << 18, oov_chars=True, pair_cosine="per_kind", cosine_scale=16.0, **kw)  # fmt: skip
+    pair.prepare(known.tokens, spelled[:200])
+    for table in (pair.weight, pair.weight_prod, pair.cosine):
+        torch.nn.init.normal_(table.weight, std=3.0)
+    second = _pad([spelled[i] for i in usable[64:128]])
+    for m, inputs in ((model, padded), (pair, (padded, second))):
+        path = str(tmp_path / f"{type(m).__name__}.onnx")
+        example = (
+            tuple(x[:2, :20] for x in inputs) if isinstance(inputs, tuple) else inputs[:2, :20]
+        )
+        export_onnx(m, path, example_input=example)
+        with torch.no_grad():
+            want = m(*inputs) if isinstance(inputs, tuple) else m(inputs)
+        got = ort_logits(ort_session(path), ("input_ids", "input_ids2")[: 2 if m is pair else 1], inputs)  # fmt: skip
+        np.testing.assert_allclose(got, want.numpy(), atol=1e-4, rtol=1e-4)
+    # without spelling the same texts lose those n-grams: the unknown word is one [UNK]
+    unk = [np.asarray(known.encode(tokenized[i])) for i in batch]
+    assert sum(map(len, char_buckets_of(model, unk))) < sum(map(len, char_buckets_of(ref, [plain[i] for i in batch])))  # fmt: skip

@@ -142,6 +142,12 @@ class PreproConfig(_Section):
     nwords: int = Field(
         -1, description="Keep at most this many tokens (most frequent); -1 = no limit."
     )
+    oov: Literal["spell", "unk"] = Field(
+        "spell",
+        description="A word outside the vocab (word/whitespace tokenizers): spell = [UNK] then "
+        "its characters as ##c tokens (the built vocab gets one per character of its words), so "
+        "ngram models keep its character n-grams; unk = [UNK] alone.",
+    )
     target_map_file: str | None = Field(
         None, description="Predefined labels (one per line); null = build by frequency."
     )

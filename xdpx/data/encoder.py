@@ -17,6 +17,7 @@ from xdpx.data.readers import DataError
 from xdpx.data.tokenizers import (
     CharTokenizer,
     HFTokenizer,
+    TokenBatch,
     WhitespaceTokenizer,
     WordTokenizer,
     make_tokenizer,
@@ -72,6 +73,9 @@ class Encoder:
             (:mod:`xdpx.data.transliterate`: ``"pinyin"``), or None.
         label_type: ``prepro.label_type``: ``class`` (labels -> class indices through the
             target map) or ``score`` (labels -> float32 numbers).
+        spell_oov: ``prepro.oov: spell`` (char/word/whitespace): a token outside the vocab
+            becomes ``[UNK]`` followed by the ``##c`` ids of its characters
+            (:meth:`~xdpx.data.vocab.Vocab.spell`), ``max_len`` counting ids; else ``[UNK]``.
 
     Raises:
         ValueError: ``vocab`` missing for a char/word/whitespace tokenizer, ``max_len < 1``, or
@@ -88,6 +92,7 @@ class Encoder:
         meta: PreparedMeta | None = None,
         transliterate: str | None = None,
         label_type: str = "class",
+        spell_oov: bool = False,
     ) -> None:
         if max_len < 1:
             raise ValueError(f"max_len must be >= 1, got {max_len}")
@@ -103,6 +108,7 @@ class Encoder:
         self.transliterate = transliterate
         self._transliterate = make_transliterator(transliterate)
         self.label_type = label_type
+        self.spell_oov = spell_oov and not self.is_hf
 
     # ----------------------------------------------------------------- properties
     @property
@@ -188,8 +194,39 @@ class Encoder:
             raise ValueError("encode_flat is for char/word/whitespace encoders")
         assert self.vocab is not None
         batch = self.tokenizer.tokenize_batch(self.prepare(texts), self.max_len)  # type: ignore[union-attr]
+        if self.spell_oov:
+            return self._spelled(batch)
         ids = np.asarray(self.vocab.encode(batch.tokens), dtype=np.int64)
         return batch.lookup(ids, self.unk_id), batch.offsets, batch.full
+
+    def _spelled(self, batch: TokenBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`encode_flat`'s result with each unknown token spelled out, then cut to
+        ``max_len`` ids per text. ``full`` counts the spelled ids of the tokens the batch kept
+        (at most ``max_len`` per text) plus one per token cut before: exact when nothing was
+        cut, and above ``max_len`` exactly when the text was truncated (0 for an empty text,
+        as without spelling)."""
+        assert self.vocab is not None
+        pieces = [self.vocab.spell(t) for t in batch.tokens] + [[self.unk_id]]  # -1: empty
+        sizes = np.asarray([len(p) for p in pieces], dtype=np.int64)
+        table = np.asarray([i for p in pieces for i in p], dtype=np.int64)
+        first = np.cumsum(sizes) - sizes
+        local = np.where(batch.values < 0, len(pieces) - 1, batch.values)
+        n = sizes[local]  # ids per kept token
+        ends = np.cumsum(n)
+        flat = table[np.repeat(first[local] - (ends - n), n) + np.arange(int(ends[-1]) if len(n) else 0)]  # fmt: skip
+        kept = np.diff(batch.offsets)
+        text = np.repeat(np.arange(len(kept)), kept)
+        lengths = np.bincount(text, weights=n, minlength=len(kept)).astype(np.int64)
+        words = batch.full.astype(np.int64)  # 0: an empty text, held as one [UNK]
+        full = np.where(words == 0, 0, lengths + np.maximum(words - kept, 0))
+        starts = np.zeros(len(kept) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=starts[1:])
+        cut = np.minimum(lengths, self.max_len)
+        offsets = np.zeros(len(kept) + 1, dtype=np.int64)
+        np.cumsum(cut, out=offsets[1:])
+        rank = np.arange(len(flat)) - np.repeat(starts[:-1], lengths)
+        values = flat[rank < self.max_len]
+        return values, offsets.astype(np.int32), full.astype(np.int32)
 
     def _encode_split(self, texts: Sequence[str]) -> tuple[list[np.ndarray], list[int]]:
         """:meth:`encode_flat` as one array per text, and the lengths as ints."""
@@ -333,6 +370,7 @@ class Encoder:
             meta=meta,
             transliterate=transliterate,
             label_type=meta.prepro.get("label_type", "class"),
+            spell_oov=meta.prepro.get("oov", "unk") == "spell",
         )
         if enc.vocab_size != meta.vocab_size:
             raise DataError(

@@ -184,6 +184,7 @@ class EncoderSpec:
             pair=cfg.text2_column is not None,
             transliterate=cfg.transliterate,
             label_type=cfg.label_type,
+            spell_oov=cfg.oov == "spell",
         )
 
 

@@ -8,10 +8,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from xdpx import io
 from xdpx.data.readers import DataError
 
-__all__ = ["PAD", "UNK", "Vocab", "TargetMap", "read_tokens"]
+__all__ = ["PAD", "UNK", "CHAR_PREFIX", "Vocab", "TargetMap", "read_tokens", "is_char_token"]
 
 PAD = "[PAD]"
 UNK = "[UNK]"
+#: Prefix of a character token (``##c``): how ``prepro.oov: spell`` writes an unknown word's
+#: characters, after ``[UNK]`` (BERT's WordPiece marks a word's continuation pieces alike).
+CHAR_PREFIX = "##"
 
 
 def read_tokens(path: str) -> list[str]:
@@ -55,6 +58,11 @@ def _read_lines(path: str, what: str) -> list[str]:
 
 def _write_lines(path: str, items: Sequence[str]) -> None:
     io.write_text(path, "".join(f"{t}\n" for t in items))
+
+
+def is_char_token(token: str) -> bool:
+    """``##c``: the token of one character ``c`` (:meth:`Vocab.with_chars`)."""
+    return len(token) == len(CHAR_PREFIX) + 1 and token.startswith(CHAR_PREFIX)
 
 
 class Vocab:
@@ -105,6 +113,26 @@ class Vocab:
         if nwords != -1:
             tokens = tokens[:nwords]
         return cls(tokens)
+
+    def with_chars(self) -> Vocab:
+        """This vocab plus a character token ``##c`` for each character of its tokens that
+        lacks one, most frequent over the tokens first (ties by code point), appended: the
+        ids of the tokens already there do not change. :meth:`spell` writes unknown words
+        with them."""
+        counts: Counter[str] = Counter()
+        for t in self.tokens[2:]:
+            if not is_char_token(t):
+                counts.update(t)
+        new = [CHAR_PREFIX + c for c, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+        return Vocab(self.tokens + [t for t in new if t not in self._index])
+
+    def spell(self, token: str) -> list[int]:
+        """Ids of a token spelled out: ``[UNK]``, then the ``##c`` id of each of its
+        characters that has one (``prepro.oov: spell``); a token in the vocab is its id."""
+        if token in self._index:
+            return [self._index[token]]
+        index = self._index
+        return [self.unk_id] + [i for c in token if (i := index.get(CHAR_PREFIX + c)) is not None]
 
     @classmethod
     def from_token_lists(

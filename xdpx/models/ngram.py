@@ -21,7 +21,6 @@ Features of a text (each hashed into one table of ``ngram_buckets`` rows):
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
@@ -31,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from xdpx.data.meta import PreparedMeta
+from xdpx.data.vocab import Vocab, is_char_token
 from xdpx.inference import pad_batch
 
 # Multipliers for position k of an n-gram window (distinct primes below _MODULUS):
@@ -89,10 +89,39 @@ def _run_totals(rows: torch.Tensor, *values: torch.Tensor) -> tuple[torch.Tensor
     return (first, *totals)
 
 
-def _bucket(gram: str, n: int, buckets: int) -> int:
-    """Row of a character n-gram: CRC-32 of its UTF-8 bytes, salted by order (stable across
-    processes, unlike ``hash``), in ``1..buckets``."""
-    return (zlib.crc32(gram.encode("utf-8"), n * 0x9E3779B1 & 0xFFFFFFFF) % buckets) + 1
+#: Multipliers of a character n-gram's symbols (orders up to 8; distinct primes < 2^31).
+_CHAR_PRIMES = (*_PRIMES, 1_000_000_009, 1_000_000_021, 1_000_000_033)
+#: Added to a character n-gram's hash, so that it never shares a salt with a token n-gram.
+_CHAR_SALT = 104_729
+#: Symbols of a word's boundaries in its character n-grams (fastText's ``<`` and ``>``); a
+#: character ``c`` is ``ord(c) + 3``.
+_START, _END, _CHAR0 = 1, 2, 3
+
+
+def char_windows(word: str, orders: Sequence[int]) -> list[tuple[int, ...]]:
+    """:func:`char_ngrams` of ``word`` as symbol tuples (``<`` = 1, ``>`` = 2, a character
+    ``ord(c) + 3``), in the same order: what :func:`char_buckets` hashes.
+
+    >>> char_windows("ab", [2])
+    [(1, 100), (100, 101), (101, 2)]
+    """
+    w = [_START, *(ord(c) + _CHAR0 for c in word), _END]
+    return [tuple(w[i : i + n]) for i in range(len(w)) for n in orders if i + n <= len(w) and n < len(w)]  # fmt: skip
+
+
+def char_buckets(symbols: Sequence[torch.Tensor], buckets: int) -> torch.Tensor:
+    """Bucket (``1..buckets``) of character n-grams given as their ``n`` symbol tensors
+    (each ``[...]`` int64, see :func:`char_windows`): the token n-gram hash of ``_PRIMES``'s
+    comment with its own multipliers and salt. The same function builds the sub-word table
+    from the vocabulary and hashes an unknown word's spelled characters inside the graph
+    (``prepro.oov: spell``), so both give a character n-gram the same row.
+    """
+    n = len(symbols)
+    h = symbols[0] * _CHAR_PRIMES[0] + (n * _ORDER_SALT + _CHAR_SALT)
+    for k in range(1, n):
+        h = h + symbols[k] * _CHAR_PRIMES[k]
+    h = torch.remainder(torch.remainder(h, _MODULUS) * _MIX, _MODULUS)
+    return torch.remainder(h, buckets) + 1
 
 
 class NgramLR(nn.Module):
@@ -134,6 +163,12 @@ class NgramLR(nn.Module):
             Wang & Liang 2013, "Dropout Training as Adaptive Regularization").
         num_features: rows of the weight table but row 0 (set by :meth:`prepare` and saved
             in config.json); None = every bucket its own row (before ``prepare``).
+        oov_chars: the data spells unknown words (``prepro.oov: spell``: ``[UNK]`` then one
+            ``##c`` token per character): the character n-grams of such a run are hashed in
+            the graph like the sub-word table's (:func:`char_buckets`), so a word unseen in
+            training keeps the sub-word features it shares with the words that were (a name
+            in both texts of a pair, a misspelling, an inflection). Needs sub-words; set by
+            :meth:`resolve_config` from ``meta.json`` (False in checkpoints saved before).
 
     Raises:
         ValueError: an order out of range, or an unknown weighting.
@@ -162,6 +197,7 @@ class NgramLR(nn.Module):
         num_features: int | None = None,
         ngram_norm: Norm = "joint",
         ngram_dropout: float = 0.0,
+        oov_chars: bool = False,
     ) -> None:
         super().__init__()
         if not ngram_orders or min(ngram_orders) < 1 or max(ngram_orders) > len(_PRIMES):
@@ -209,6 +245,9 @@ class NgramLR(nn.Module):
             )
         else:
             self.subwords = None
+        self.oov_chars = bool(oov_chars and self.char_orders)
+        if self.oov_chars:  # token id -> its character's symbol (ord + 3) for ##c tokens, else 0
+            self.register_buffer("char_symbol", torch.zeros(vocab_size, dtype=torch.int64))
 
     def _build_tables(self, rows: int) -> None:
         """(Re)create the weight table(s): ``[rows + 1, num_labels]``, zero (logistic
@@ -218,7 +257,8 @@ class NgramLR(nn.Module):
 
     @classmethod
     def resolve_config(cls, cfg: dict[str, Any], meta: PreparedMeta | None) -> dict[str, Any]:
-        """Fill the ``None`` (auto) orders from prepro's tokenizer (``meta.tokenizer``).
+        """Fill the ``None`` (auto) orders from prepro's tokenizer (``meta.tokenizer``), and
+        ``oov_chars`` from ``meta.prepro.oov`` (word tokens spelled when unknown).
 
         Character tokens (``char``; ``hf`` pieces alike): token 1..4-grams and no sub-word
         n-grams, the demo's settings. Word tokens (``word``, ``whitespace``): word 1..2-grams
@@ -237,6 +277,8 @@ class NgramLR(nn.Module):
             out["ngram_orders"] = [1, 2] if words else [1, 2, 3, 4]
         if out.get("char_ngram_orders") is None:
             out["char_ngram_orders"] = [2, 3, 4, 5] if words else []
+        spelled = words and meta is not None and meta.prepro.get("oov", "unk") == "spell"
+        out.setdefault("oov_chars", bool(spelled and out["char_ngram_orders"]))
         return out
 
     # ----------------------------------------------------------------- features
@@ -288,9 +330,55 @@ class NgramLR(nn.Module):
         ids = self.ngram_ids(input_ids)
         if self.subwords is None:
             return ids, torch.zeros_like(ids)
-        sub = self.subwords[input_ids].to(torch.int64).flatten(1)  # [batch, seq_len * WIDTH]
+        subs = [self.subwords[input_ids].to(torch.int64).flatten(1)]  # [batch, seq_len * WIDTH]
+        if self.oov_chars:  # a right-padding slot closes a word spelled up to the row's end
+            ext = F.pad(input_ids, (0, 1), value=self.pad_id)
+            subs += [b for _, b in self._spelled_buckets(ext, torch.zeros_like(ext))]
+        sub = torch.cat(subs, dim=1)
         kind = torch.cat([torch.zeros_like(ids), torch.ones_like(sub)], dim=1)
         return torch.cat([ids, sub], dim=1), kind
+
+    def _spelled_buckets(
+        self, ids: torch.Tensor, text: torch.Tensor
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Character n-grams of the spelled unknown words (``oov_chars``): per order ``n`` of
+        ``char_ngram_orders``, ``(text, bucket)`` of each window of ``n`` slots along the last
+        dim (``[..., length - n + 1]``), bucket 0 where the window is not one.
+
+        A spelled word is ``[UNK]`` (its ``<``), its ``##c`` tokens, then any token that is no
+        ``##c`` of the same text (its ``>``: the caller leaves one slot after the last text).
+        A window is an n-gram of ``<word>`` but the whole of it, as :func:`char_ngrams`: it
+        starts on the ``[UNK]`` or a character, its inner slots are characters of the same
+        text, and it ends on a character or on the ``>``; 1-grams are the characters alone.
+
+        Args:
+            ids: ``[..., length]`` int64 token ids.
+            text: ``[..., length]`` int64: the text of each slot (windows stay in one).
+        """
+        symbol = self.char_symbol[ids]
+        is_char, is_unk = symbol > 0, ids == Vocab.unk_id
+        out = []
+        for n in self.char_orders:
+
+            def at(x: torch.Tensor, k: int, n: int = n) -> torch.Tensor:
+                end = k - n + 1  # a negative end keeps the length symbolic (ONNX)
+                return x[..., k:end] if end < 0 else x[..., k:]
+
+            start = at(text, 0)
+            if n == 1:
+                ok, symbols = at(is_char, 0), [at(symbol, 0)]
+            else:
+                ok = at(is_char, 0) | at(is_unk, 0)
+                symbols = [torch.where(at(is_char, 0), at(symbol, 0), _START)]
+                for k in range(1, n - 1):
+                    ok = ok & at(is_char, k) & (at(text, k) == start)
+                    symbols.append(at(symbol, k))
+                last = at(is_char, n - 1) & (at(text, n - 1) == start)
+                symbols.append(torch.where(last, at(symbol, n - 1), _END))
+                ok = ok & ~(at(is_unk, 0) & ~last)  # <word> whole
+            bucket = char_buckets(symbols, self.buckets)
+            out.append((start, torch.where(ok, bucket, torch.zeros_like(bucket))))
+        return out
 
     def _flat_feature_ids(
         self, input_ids: torch.Tensor, groups: bool = False
@@ -320,8 +408,14 @@ class NgramLR(nn.Module):
             keep = torch.nonzero(sub.reshape(-1)).squeeze(1)
             texts.append(text[torch.div(keep, SUBWORD_WIDTH, rounding_mode="floor")])
             ids.append(sub.reshape(-1)[keep])
-        if groups and self.kinds > 1:  # token n-grams: group 2 * text; sub-words (last): + 1
-            texts = [t * self.kinds for t in texts[:-1]] + [texts[-1] * self.kinds + 1]
+        if self.oov_chars:  # one padding slot after the last text closes its last word
+            ext = torch.cat([tokens, torch.full_like(tokens[:1], self.pad_id)])
+            for start, bucket in self._spelled_buckets(ext, torch.cat([text, text[:1] * 0 - 1])):
+                texts.append(start)
+                ids.append(bucket)
+        if groups and self.kinds > 1:  # token n-grams: group 2 * text; sub-words: + 1
+            orders = len(self.orders)
+            texts = [t * self.kinds for t in texts[:orders]] + [t * self.kinds + 1 for t in texts[orders:]]  # fmt: skip
         return torch.cat(texts), torch.cat(ids)
 
     def _values(self, rows: torch.Tensor, tf: torch.Tensor) -> torch.Tensor:
@@ -512,17 +606,32 @@ class NgramLR(nn.Module):
                     f"vocabulary has {len(vocab_tokens)} tokens, the model vocab_size="
                     f"{self.vocab_size}"
                 )
-            table = np.zeros((self.vocab_size, SUBWORD_WIDTH), dtype=np.int32)
+            table = torch.zeros(self.vocab_size, SUBWORD_WIDTH, dtype=torch.int32)
             truncated = words = 0
+            # per order: the (row, slot) of each n-gram in the table and its symbols
+            cells: dict[int, tuple[list[int], list[int], list[tuple[int, ...]]]] = {
+                n: ([], [], []) for n in self.char_orders
+            }
             for i, token in enumerate(vocab_tokens):
                 if i == self.pad_id or (token.startswith("[") and token.endswith("]")):
                     continue
-                grams = char_ngrams(token, self.char_orders)
-                rows = [_bucket(g, len(g), self.buckets) for g in grams[:SUBWORD_WIDTH]]
-                table[i, : len(rows)] = rows
+                if is_char_token(token):  # a spelled character (prepro.oov: spell)
+                    if self.oov_chars:
+                        self.char_symbol[i] = ord(token[-1]) + _CHAR0
+                    continue
+                grams = char_windows(token, self.char_orders)
+                for k, g in enumerate(grams[:SUBWORD_WIDTH]):
+                    rows, slots, symbols = cells[len(g)]
+                    rows.append(i)
+                    slots.append(k)
+                    symbols.append(g)
                 words += 1
                 truncated += len(grams) > SUBWORD_WIDTH
-            self.subwords.copy_(torch.from_numpy(table))
+            for rows, slots, symbols in cells.values():
+                if rows:
+                    columns = list(torch.tensor(symbols, dtype=torch.int64).T)
+                    table[rows, slots] = char_buckets(columns, self.buckets).to(torch.int32)
+            self.subwords.copy_(table)
             facts.update(subword_words=words, subword_truncated=truncated)
         if train_input_ids is None:
             raise ValueError("prepare needs the training texts (train_input_ids)")
