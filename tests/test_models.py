@@ -60,8 +60,9 @@ def test_each_model_family_declares_exactly_its_constructor_arguments():
     from xdpx.model_configs import DATA_KEYS, FAMILIES, HF_DATA_KEYS
 
     # set by the model, not by train keys: prepare() (num_features), resolve_config() (the
-    # pair cosines; config.json without them loads an older model as it was trained)
-    data_sized = {"ngram_lr": {"num_features"}, "match_ngram": {"num_features", "pair_cosine", "cosine_scale"}}  # fmt: skip
+    # pair cosines and oov_chars, from meta.json; config.json without them loads an older
+    # model as it was trained)
+    data_sized = {"ngram_lr": {"num_features", "oov_chars"}, "match_ngram": {"num_features", "pair_cosine", "cosine_scale", "oov_chars"}}  # fmt: skip
     variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 
     def init_params(cls) -> set[str]:

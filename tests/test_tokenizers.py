@@ -130,7 +130,8 @@ def test_prepro_auto_records_the_choice(tmp_path) -> None:
     assert meta["tokenizer_auto"] == {"chosen": "word", "no_space_script_fraction": 0.0}
     vocab = (tmp_path / "prepared" / "vocab.txt").read_text(encoding="utf-8").splitlines()
     # punctuation is split off the words: no vocab entry ends in "." but "." itself
-    assert "." in vocab and not [t for t in vocab if len(t) > 1 and t.endswith(".")]
+    # punctuation split from words ("##." is the spelling token of the character, oov: spell)
+    assert "." in vocab and not [t for t in vocab if len(t) > 1 and t.endswith(".") and t != "##."]
 
 
 #: Strings where tokenizing a batch at once could differ from one text at a time: Greek
