@@ -5,7 +5,8 @@ For each corpus (:mod:`flows.corpora`) and each seed ``s``: the corpus is writte
 raw TSV files (split ``s`` where its split is random), then the stages prepro -> train
 (``train.seed = s``) -> evaluate (``stages.registry.STAGES``, as functions) run with the params
 (``params.yaml`` plus ``key=value`` overrides; only the paths and the corpus's columns are
-set per corpus, and for sentence-pair corpora ``train.model`` is ``--pair-model``), and
+set per corpus, and for sentence-pair corpora ``train.model`` is ``--pair-model``; a model
+without ``reads_spelled_oov`` gets ``prepro.oov: unk``), and
 :func:`xdpx.baselines.run_peers` runs on the same files and seed: today's ``baseline``
 (TF-IDF word 1-2-grams, char 1-3-grams for Chinese, + LR; pairs: LR over ``[|u-v|, u*v]``)
 and the peers, each with its hyper-parameters picked on dev: ``svm`` (TF-IDF word 1-2 +
@@ -56,7 +57,7 @@ from xdpx import io
 from xdpx.baselines import SINGLE_PEERS, read_tsv, run_peers
 from xdpx.config import EvaluateConfig, Params, PredictConfig
 from xdpx.data.meta import PreparedMeta
-from xdpx.models import PAIR_INPUTS, input_names
+from xdpx.models import MODELS, PAIR_INPUTS, input_names
 from xdpx.rundir import RunDir
 
 __all__ = [
@@ -244,6 +245,11 @@ def run_corpus_seed(
     counts = written if written is not None else materialize(corpus.name, raw, seed, limit)
     if dev_only:
         counts = redraw_without_test(raw, seed)
+    model = params.train.model
+    if corpus.text2 and input_names(model) != PAIR_INPUTS:
+        model = pair_model
+    # a model that cannot read spelled unknown words gets them as one [UNK] (prepro.oov)
+    spell = params.prepro.oov == "spell" and getattr(MODELS[model], "reads_spelled_oov", False)
     start = time.perf_counter()
     prepro_cfg = params.prepro.model_copy(
         update={
@@ -254,12 +260,10 @@ def run_corpus_seed(
             "header": True,
             **corpus.columns,
             **corpus.prepro,
+            "oov": "spell" if spell else "unk",
         }
     )
     prepared_result = STAGES["prepro"].run(prepro_cfg)
-    model = params.train.model
-    if corpus.text2 and input_names(model) != PAIR_INPUTS:
-        model = pair_model
     STAGES["train"].run(
         params.train.model_copy(
             update={

@@ -90,3 +90,24 @@ def test_a_model_validates_its_own_keys_only():
     with pytest.raises(ValueError, match="ngram_orders must lie in 1..5"):
         TrainConfig(model="ngram_lr", ngram_orders=[6])
     assert TrainConfig(model="textcnn", ngram_orders=[6]).family_args().filter_sizes == [3, 4, 5]
+
+
+@pytest.mark.unit
+def test_only_the_ngram_models_take_spelled_unknown_words(tmp_path):
+    """Real STS-B pairs prepared with ``prepro.oov: spell`` (the default): match_ngram fits
+    them; siamese and match_esim, which would meet untrained ``##c`` vectors at dev/test
+    time, are refused with the fix; prepared with ``oov: unk`` they fit."""
+    from flows.corpora import materialize
+    from stages import prepro
+    from xdpx.config import PreproConfig
+    from xdpx.models import check_model_fits_data
+
+    materialize("stsb", str(tmp_path / "raw"), seed=1, limit=80)
+    base = {"data_source": str(tmp_path / "raw"), "text_column": "text1", "text2_column": "text2"}
+    for oov in ("spell", "unk"):
+        prepro.run(PreproConfig(**base, data_dir=str(tmp_path / oov), oov=oov))
+    check_model_fits_data("match_ngram", str(tmp_path / "spell"), "train.model")
+    for model in ("siamese", "match_esim"):
+        with pytest.raises(ValueError, match=f"train.model={model} learns no vector.*prepro.oov=unk"):  # fmt: skip
+            check_model_fits_data(model, str(tmp_path / "spell"), "train.model")
+        check_model_fits_data(model, str(tmp_path / "unk"), "train.model")

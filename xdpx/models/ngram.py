@@ -183,6 +183,9 @@ class NgramLR(nn.Module):
     sparse_grad_tables: tuple[str, ...] = ("weight",)
     #: embedding bags emit sparse gradients (only the rows a batch touches)
     sparse_grad = False
+    #: ``prepro.oov: spell`` data is read (``oov_chars``); other models refuse it
+    #: (``xdpx.models.check_model_fits_data``: they would see untrained ``##c`` vectors)
+    reads_spelled_oov = True
 
     def __init__(
         self,
