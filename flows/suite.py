@@ -57,7 +57,7 @@ from xdpx import io
 from xdpx.baselines import SINGLE_PEERS, read_tsv, run_peers
 from xdpx.config import EvaluateConfig, Params, PredictConfig
 from xdpx.data.meta import PreparedMeta
-from xdpx.models import MODELS, PAIR_INPUTS, input_names
+from xdpx.models import PAIR_INPUTS, input_names, reads_spelled_oov
 from xdpx.rundir import RunDir
 
 __all__ = [
@@ -249,7 +249,7 @@ def run_corpus_seed(
     if corpus.text2 and input_names(model) != PAIR_INPUTS:
         model = pair_model
     # a model that cannot read spelled unknown words gets them as one [UNK] (prepro.oov)
-    spell = params.prepro.oov == "spell" and getattr(MODELS[model], "reads_spelled_oov", False)
+    spell = params.prepro.oov == "spell" and reads_spelled_oov(model)
     start = time.perf_counter()
     prepro_cfg = params.prepro.model_copy(
         update={

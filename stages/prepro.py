@@ -49,6 +49,7 @@ from xdpx.data.stream import (
     worker_pool,
 )
 from xdpx.data.transliterate import make_transliterator
+from xdpx.data.vocab import spells_oov
 from xdpx.stage import stage_main
 
 log = logging.getLogger("xdpx.prepro")
@@ -144,7 +145,7 @@ def build_spec(
         else:
             assert counts is not None and counts.tokens is not None
             vocab = Vocab.build(counts.tokens, cfg.threshold, cfg.nwords)
-            if cfg.oov == "spell" and tokenizer != "char":
+            if spells_oov(cfg.oov, tokenizer):
                 vocab = vocab.with_chars()
         vocab_lines = spec_vocab = list(vocab.tokens)
     spec = EncoderSpec(cfg.model_dump(mode="json"), tokenizer, spec_vocab, list(target_map.labels))

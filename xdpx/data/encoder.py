@@ -73,7 +73,7 @@ class Encoder:
             (:mod:`xdpx.data.transliterate`: ``"pinyin"``), or None.
         label_type: ``prepro.label_type``: ``class`` (labels -> class indices through the
             target map) or ``score`` (labels -> float32 numbers).
-        spell_oov: ``prepro.oov: spell`` (char/word/whitespace): a token outside the vocab
+        spell_oov: ``prepro.oov: spell`` with word tokens: a token outside the vocab
             becomes ``[UNK]`` followed by the ``##c`` ids of its characters
             (:meth:`~xdpx.data.vocab.Vocab.spell`), ``max_len`` counting ids; else ``[UNK]``.
 
@@ -370,7 +370,7 @@ class Encoder:
             meta=meta,
             transliterate=transliterate,
             label_type=meta.prepro.get("label_type", "class"),
-            spell_oov=meta.prepro.get("oov", "unk") == "spell",
+            spell_oov=meta.spells_oov,
         )
         if enc.vocab_size != meta.vocab_size:
             raise DataError(

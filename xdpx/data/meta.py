@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from xdpx import io
 from xdpx.data.readers import DataError
+from xdpx.data.vocab import spells_oov
 
 META_FILE = "meta.json"
 
@@ -125,6 +126,12 @@ class PreparedMeta(BaseModel):
                 f"{path}: field {field!r}: {err['msg']} (not a meta.json of xdpx prepro? "
                 "re-run prepro)"
             ) from None
+
+    @property
+    def spells_oov(self) -> bool:
+        """The data writes unknown words as ``[UNK]`` + ``##c`` tokens
+        (:func:`xdpx.data.vocab.spells_oov`; False for data prepared before ``prepro.oov``)."""
+        return spells_oov(self.prepro.get("oov", "unk"), self.tokenizer)
 
     def write(self, directory: str) -> str:
         """Write ``<directory>/meta.json`` atomically; returns its path."""

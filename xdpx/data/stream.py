@@ -46,7 +46,7 @@ from xdpx.data.readers import MAX_BAD_LINES, DataError, iter_examples
 from xdpx.data.shards import NO_LABEL, shard_schema
 from xdpx.data.tokenizers import HFTokenizer, TokenBatch, make_tokenizer
 from xdpx.data.transliterate import make_transliterator
-from xdpx.data.vocab import TargetMap, Vocab
+from xdpx.data.vocab import TargetMap, Vocab, spells_oov
 
 __all__ = [
     "EncoderSpec",
@@ -184,7 +184,7 @@ class EncoderSpec:
             pair=cfg.text2_column is not None,
             transliterate=cfg.transliterate,
             label_type=cfg.label_type,
-            spell_oov=cfg.oov == "spell",
+            spell_oov=spells_oov(cfg.oov, self.tokenizer),
         )
 
 

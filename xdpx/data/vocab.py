@@ -8,7 +8,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from xdpx import io
 from xdpx.data.readers import DataError
 
-__all__ = ["PAD", "UNK", "CHAR_PREFIX", "Vocab", "TargetMap", "read_tokens", "is_char_token"]
+__all__ = [
+    "PAD",
+    "UNK",
+    "CHAR_PREFIX",
+    "Vocab",
+    "TargetMap",
+    "read_tokens",
+    "is_char_token",
+    "spells_oov",
+]
 
 PAD = "[PAD]"
 UNK = "[UNK]"
@@ -58,6 +67,13 @@ def _read_lines(path: str, what: str) -> list[str]:
 
 def _write_lines(path: str, items: Sequence[str]) -> None:
     io.write_text(path, "".join(f"{t}\n" for t in items))
+
+
+def spells_oov(oov: str, tokenizer: str) -> bool:
+    """Whether prepro writes a word outside the vocab as ``[UNK]`` + ``##c`` tokens:
+    ``prepro.oov: spell`` with word tokens (``word``, ``whitespace``); characters and hf
+    pieces are never spelled."""
+    return oov == "spell" and tokenizer in ("word", "whitespace")
 
 
 def is_char_token(token: str) -> bool:

@@ -192,12 +192,20 @@ __all__ = [
     "HFClassifier",
     "HFMaskedLM",
     "build_model",
+    "reads_spelled_oov",
     "build_for_training",
     "default_learning_rate",
     "input_names",
     "model_config_from",
     "with_model_defaults",
 ]
+
+
+def reads_spelled_oov(model: str) -> bool:
+    """Whether model ``model`` (a ``MODELS`` key) reads data prepared with ``prepro.oov:
+    spell`` (its class's ``reads_spelled_oov``: ``ngram_lr``, ``match_ngram``); the others
+    would meet untrained ``##c`` vectors at dev and test time."""
+    return getattr(MODELS.get(model), "reads_spelled_oov", False)
 
 
 def check_model_fits_data(model: str, data_dir: str, where: str) -> None:
@@ -238,8 +246,7 @@ def check_model_fits_data(model: str, data_dir: str, where: str) -> None:
             f"(prepro.tokenizer=hf, prepro.tokenizer_path=<the model dir>); {meta_path} "
             f"says tokenizer={tokenizer}"
         )
-    spelled = meta.prepro.get("oov", "unk") == "spell" and tokenizer in ("word", "whitespace")
-    if spelled and not getattr(MODELS.get(model), "reads_spelled_oov", False):
+    if meta.spells_oov and not reads_spelled_oov(model):
         raise ValueError(
             f"{where}={model} learns no vector for the ##c tokens that {meta_path}'s "
             "prepro.oov=spell writes after [UNK] for a word outside the vocabulary (the train "

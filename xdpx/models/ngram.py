@@ -280,7 +280,7 @@ class NgramLR(nn.Module):
             out["ngram_orders"] = [1, 2] if words else [1, 2, 3, 4]
         if out.get("char_ngram_orders") is None:
             out["char_ngram_orders"] = [2, 3, 4, 5] if words else []
-        spelled = words and meta is not None and meta.prepro.get("oov", "unk") == "spell"
+        spelled = meta is not None and meta.spells_oov
         out.setdefault("oov_chars", bool(spelled and out["char_ngram_orders"]))
         return out
 
@@ -413,7 +413,9 @@ class NgramLR(nn.Module):
             ids.append(sub.reshape(-1)[keep])
         if self.oov_chars:  # one padding slot after the last text closes its last word
             ext = torch.cat([tokens, torch.full_like(tokens[:1], self.pad_id)])
-            for start, bucket in self._spelled_buckets(ext, torch.cat([text, text[:1] * 0 - 1])):
+            for start, bucket in self._spelled_buckets(
+                ext, torch.cat([text, torch.full_like(text[:1], -1)])
+            ):
                 texts.append(start)
                 ids.append(bucket)
         if groups and self.kinds > 1:  # token n-grams: group 2 * text; sub-words: + 1
