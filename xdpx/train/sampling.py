@@ -68,7 +68,10 @@ def total_updates(epoch_len: int, window_size: int, cfg: Any) -> int:
 
 def place(model: Any, cfg: Any) -> tuple[Any, Any, Any, int, int]:
     """Put ``model`` on ``cfg.device`` (``auto``: CUDA when available) and, under an
-    initialised ``torch.distributed`` process group, wrap it in ``DistributedDataParallel``.
+    initialised ``torch.distributed`` process group, wrap it in ``DistributedDataParallel``,
+    or in :class:`xdpx.train.ddp.SparseGradDDP` when its tables get sparse gradients
+    (``model.sparse_grad``, set by :func:`xdpx.train.optim.set_sparse_grad`), which DDP's
+    reducer cannot bucket.
 
     Returns:
         ``(module, model, device, world_size, rank)``: the bare module and the one to train.
@@ -88,7 +91,11 @@ def place(model: Any, cfg: Any) -> tuple[Any, Any, Any, int, int]:
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     module = model.to(device)
     wrapped = module
-    if world_size > 1:
+    if world_size > 1 and getattr(module, "sparse_grad", False):
+        from xdpx.train.ddp import SparseGradDDP
+
+        wrapped = SparseGradDDP(module)
+    elif world_size > 1:
         wrapped = torch.nn.parallel.DistributedDataParallel(
             module, device_ids=[device.index] if use_cuda else None
         )

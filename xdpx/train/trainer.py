@@ -47,6 +47,7 @@ from xdpx.models import with_model_defaults
 from xdpx.rundir import BEST, LAST, RunDir
 from xdpx.train import diagnosis, optim
 from xdpx.train.callbacks import Callback, CallbackList, OnEval
+from xdpx.train.ddp import CommStats, SparseGradDDP
 from xdpx.train.diagnosis import find_nonfinite
 from xdpx.train.objectives import Objective, build_objective
 from xdpx.train.runlog import RunLog, progress_bar, train_row
@@ -128,6 +129,7 @@ class Trainer:
         if objective is None:
             num_labels = model_config.get("num_labels")
             objective = build_objective(cfg, model, self.data, num_labels, pad_id)
+        optim.set_sparse_grad(model, cfg)  # before place(): sparse tables change the DDP wrapper
         # module: the bare model (eval, save, diagnose); model: DDP-wrapped under torchrun
         self.module, self.model, self.device, self.world_size, self.rank = place(model, cfg)
         self.objective = objective.to(self.device)
@@ -150,6 +152,7 @@ class Trainer:
         self.resumed_from: str | None = None
         self._auto_ga_logged = False
         self.stop_reason: str | None = None  # message of a StopTraining raised by a callback
+        self.comm: CommStats | None = None  # the last update's exchange under SparseGradDDP
 
     # ---------------------------------------------------------------- the loop
     def fit(self) -> TrainResult:
@@ -246,6 +249,8 @@ class Trainer:
                 self._auto_ga_logged = optim.halve_micro_batch(
                     st, cfg.auto_ga, self.optimizer, oom, len(local), self._auto_ga_logged
                 )
+        if isinstance(self.model, SparseGradDDP):  # DDP reduces in the last backward; this here
+            self.comm = self.model.sync_gradients()
         stats = [loss_sum, correct]
         if self.world_size > 1:
             t = torch.tensor(stats, dtype=torch.float64, device=self.device)
