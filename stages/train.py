@@ -9,7 +9,7 @@ DVC outs: every out is a pure function of code, params and data.
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
 import os
 import sys
@@ -25,66 +25,52 @@ from xdpx.checkpoint import (
 )
 from xdpx.checkpoint import resume_path as checkpoint_to_resume
 from xdpx.config import TrainConfig
-from xdpx.data import VOCAB_FILE, PreparedMeta, load_split
+from xdpx.data import PreparedMeta, load_split
 from xdpx.data.lazy import LazySplit, open_train_split
 from xdpx.doctor.checklist import preflight_doctor
 from xdpx.inference import as_samples
-from xdpx.models import (
-    build_for_training,
-    check_model_fits_data,
-    model_config_from,
-    with_model_defaults,
-)
 from xdpx.pretrained import report_loading
 from xdpx.rundir import RunDir
 from xdpx.stage import stage_main
 from xdpx.train.bundle import finish_run_info, write_bundle
 from xdpx.train.distill import load_teacher_logits
 from xdpx.train.launch import init_distributed, relaunch_if_asked
-from xdpx.train.mlm import masker_for, write_pretrained
+from xdpx.train.mlm import write_pretrained
 from xdpx.train.objectives import build_objective
+from xdpx.train.setup import TrainSetup, resolve
 from xdpx.train.trainer import EvalEvent, Trainer, TrainResult
 
 log = logging.getLogger("xdpx.train")
 
 
-def check(cfg: TrainConfig) -> TrainConfig:
-    """Pre-flight checks before any work: the model fits the prepared data, a checkpoint to
-    resume from resolves, and the run directory (``xdpx.preflight.check_run_dir``: may pick
-    ``<save_dir>-N`` under ``auto_suffix``).
+def check(cfg: TrainConfig | TrainSetup) -> TrainSetup:
+    """Pre-flight checks before any work, and the one set-up step
+    (:func:`xdpx.train.setup.resolve`: meta.json read once, the model fits the data, the
+    model's defaults and arguments); then a checkpoint to resume from resolves, and the run
+    directory (``xdpx.preflight.check_run_dir``: may pick ``<save_dir>-N`` under
+    ``auto_suffix``). A :class:`~xdpx.train.setup.TrainSetup` (checked already, e.g. by
+    ``stage_main``'s pre-flight) is returned as it is.
 
     Raises:
         FileNotFoundError, FileExistsError, CheckpointError, ValueError: see ``run``.
     """
+    if isinstance(cfg, TrainSetup):
+        return cfg
     preflight.must_exist(
         "train", "data_dir", PreparedMeta.path_in(cfg.data_dir), "run prepro first"
     )
-    check_model_fits_data(cfg.model, cfg.data_dir, "train.model")
-    meta = PreparedMeta.read(cfg.data_dir)
-    scores = meta.prepro.get("label_type", "class") == "score"
-    if scores != (cfg.task == "regression") and cfg.task != "mlm":
-        raise ValueError(
-            f"{cfg.data_dir} was prepared with prepro.label_type=score: set train.task=regression "
-            "(and major_metric=pearson)"
-            if scores
-            else f"train.task=regression needs score labels: {cfg.data_dir} was prepared with "
-            "prepro.label_type=class (prepare it with prepro.label_type=score)"
-        )
-    if cfg.task == "mlm" and cfg.pretrained_model and meta.tokenizer != "hf":
-        raise ValueError(
-            f"train.task=mlm continues {cfg.pretrained_model} but {cfg.data_dir} was prepared "
-            f"with tokenizer={meta.tokenizer}: prepare it with the model's own tokenizer "
-            "(prepro.tokenizer=hf, prepro.tokenizer_path=<the model dir>), or drop "
-            "pretrained_model and give hf_config to pretrain from scratch on this vocabulary"
-        )
+    setup = resolve(cfg)
     if cfg.resume_from:
         resolve_checkpoint(cfg.resume_from)
-    return preflight.check_run_dir(cfg)
+    return dataclasses.replace(setup, cfg=preflight.check_run_dir(setup.cfg))
 
 
 @io.stage("train")
-def run(cfg: TrainConfig, on_eval: Callable[[EvalEvent], None] | None = None) -> TrainResult:
-    """Train one model; see the module docstring for the outputs.
+def run(
+    cfg: TrainConfig | TrainSetup, on_eval: Callable[[EvalEvent], None] | None = None
+) -> TrainResult:
+    """Train one model; see the module docstring for the outputs. ``cfg`` is the ``train``
+    section, or what :func:`check` made of it.
 
     ``on_eval`` is passed to the ``Trainer``: called with an ``EvalEvent``
     after each dev evaluation; raising ``xdpx.train.trainer.StopTraining`` there
@@ -104,16 +90,16 @@ def run(cfg: TrainConfig, on_eval: Callable[[EvalEvent], None] | None = None) ->
             (``xdpx.train.distill.load_teacher_logits``: names the file and line).
         PreflightError: ``preflight_doctor`` is on and a check failed (nothing written).
     """
-    cfg = check(cfg)
-    cfg = with_model_defaults(cfg)  # written as such into the run's params.yaml
+    setup = check(cfg)
+    cfg = setup.cfg  # model defaults concrete: written as such into the run's params.yaml
     if cfg.preflight_doctor and os.environ.get("RANK", "0") == "0":
-        preflight_doctor(cfg)
+        preflight_doctor(cfg, setup)
     resume_path = checkpoint_to_resume(cfg)
     previous = RunDir(cfg.save_dir).markers()
     distributed = init_distributed(cfg.device)
     try:
         return _train(
-            cfg, resume_path, wipe=bool(previous) and resume_path is None, on_eval=on_eval
+            setup, resume_path, wipe=bool(previous) and resume_path is None, on_eval=on_eval
         )
     finally:
         if distributed:
@@ -121,44 +107,34 @@ def run(cfg: TrainConfig, on_eval: Callable[[EvalEvent], None] | None = None) ->
 
 
 def _train(
-    cfg: TrainConfig,
+    setup: TrainSetup,
     resume_path: str | None,
     wipe: bool,
     on_eval: Callable[[EvalEvent], None] | None = None,
 ) -> TrainResult:
     rank = dist.get_rank() if dist.is_initialized() else 0
-    meta = PreparedMeta.read(cfg.data_dir)
+    cfg, meta = setup.cfg, setup.meta
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     has_valid = cfg.valid_subset in meta.splits
-    data, train, texts = open_train_split(cfg.data_dir, cfg.train_subset, cfg.seed, cfg.lazy_load)
+    data, train, texts = open_train_split(
+        cfg.data_dir, cfg.train_subset, cfg.seed, cfg.lazy_load, meta
+    )
     valid: Any = None
     valid_labels = None
     if has_valid and cfg.lazy_load:  # scored one shard at a time (xdpx.data.lazy)
-        valid = LazySplit(cfg.data_dir, cfg.valid_subset)
+        valid = LazySplit(cfg.data_dir, cfg.valid_subset, meta)
     elif has_valid:
-        split_v = load_split(cfg.data_dir, cfg.valid_subset)
+        split_v = load_split(cfg.data_dir, cfg.valid_subset, meta)
         valid, valid_labels = as_samples(split_v.input_ids, split_v.input_ids2), split_v.labels
     if valid is None:
         log.warning("no %r split in %s: no evaluation, best = last", cfg.valid_subset, cfg.data_dir)
     teacher = (
-        load_teacher_logits(cfg.distill_from, cfg.data_dir, cfg.train_subset, train)
+        load_teacher_logits(cfg.distill_from, cfg.data_dir, cfg.train_subset, train, meta)
         if cfg.distill_from
         else None
     )
-    model_config = model_config_from(
-        cfg.model, cfg, meta.vocab_size, meta.num_labels, meta.pad_id, meta
-    )
-    mlm = masker_for(cfg) if cfg.task == "mlm" else None
-    if mlm is not None and mlm.mask_id >= meta.vocab_size:  # own vocabulary: [MASK] appended
-        model_config["vocab_size"] = mlm.mask_id + 1
-    if resume_path is not None:  # tables built from the data (ngram_lr's num_features) as saved
-        saved = json.loads(io.read_text(io.join(resume_path, "config.json")))["model_config"]
-        model_config = {**model_config, **{k: v for k, v in saved.items() if k not in model_config}}
-    model, model_config, facts = build_for_training(
-        cfg.model, model_config, io.join(cfg.data_dir, VOCAB_FILE),
-        texts if resume_path is None else None, cfg.seed,
-    )  # fmt: skip
+    model, model_config, facts = setup.build(texts, resume_path)
     if facts is not None:
         log.info("model %s prepared from the training data: %s", cfg.model, facts)
     if rank == 0:
@@ -178,7 +154,7 @@ def _train(
         len(valid) if valid is not None else 0,
     )
     objective = build_objective(
-        cfg, model, data, model_config.get("num_labels"), meta.pad_id, teacher, mlm,
+        cfg, model, data, model_config.get("num_labels"), meta.pad_id, teacher, setup.masker,
         write_pretrained=lambda _: write_pretrained(cfg, meta),
     )  # fmt: skip
     trainer = Trainer(

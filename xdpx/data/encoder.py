@@ -328,20 +328,21 @@ class Encoder:
 
     # ------------------------------------------------------------------ loading
     @classmethod
-    def from_dir(cls, path: str) -> Encoder:
+    def from_dir(cls, path: str, meta: PreparedMeta | None = None) -> Encoder:
         """Rebuild the encoder from ``meta.json``, ``vocab.txt`` and ``target_map.txt``.
 
         Args:
             path: the prepared data dir, or a checkpoint dir holding copies of the three
                 files (local or fsspec URL). For ``hf`` the tokenizer is loaded from
                 ``meta.prepro["tokenizer_path"]``.
+            meta: ``path``'s meta.json when the caller has read it (else read here).
 
         Raises:
             DataError: a file is missing or inconsistent with ``meta.json``.
             ValueError: the hf tokenizer cannot be loaded.
         """
         try:
-            meta = PreparedMeta.read(path)
+            meta = meta if meta is not None else PreparedMeta.read(path)
         except FileNotFoundError:
             raise DataError(
                 f"{PreparedMeta.path_in(path)}: not found "

@@ -172,14 +172,16 @@ class LazySplit:
     Args:
         data_dir: the prepared data directory (local or URL).
         split: the split name.
+        meta: ``data_dir``'s meta.json (:class:`~xdpx.data.meta.PreparedMeta`) when the
+            caller has read it (else read here for the shards' rows).
 
     Raises:
         DataError: the split has no shards.
     """
 
-    def __init__(self, data_dir: str, split: str) -> None:
+    def __init__(self, data_dir: str, split: str, meta: Any = None) -> None:
         self.data_dir, self.split = data_dir, split
-        shards = split_shards(data_dir, split)
+        shards = split_shards(data_dir, split, meta)
         self.paths = [p for p, _ in shards]
         self.rows = np.array(
             [n if n is not None else _num_rows(p) for p, n in shards], dtype=np.int64
@@ -338,7 +340,7 @@ class LazyData(TrainData):
 
 
 def open_train_split(
-    data_dir: str, split: str, seed: int, lazy: bool
+    data_dir: str, split: str, seed: int, lazy: bool, meta: Any = None
 ) -> tuple[TrainData, SplitData | None, Iterator[Any] | list[Any]]:
     """The training split as ``stages.train`` and ``xdpx doctor`` read it.
 
@@ -347,6 +349,8 @@ def open_train_split(
         seed: ``train.seed`` (the epoch orders).
         lazy: ``train.lazy_load``: one shard at a time (:class:`LazyData`), else the whole
             split in memory (:class:`InMemoryData`).
+        meta: ``data_dir``'s :class:`~xdpx.data.meta.PreparedMeta` when the caller has read
+            it (else read here).
 
     Returns:
         ``(data, split_data, texts)``: the :class:`TrainData`; the loaded
@@ -359,11 +363,13 @@ def open_train_split(
     """
     from xdpx.data.meta import PreparedMeta
 
+    if meta is None:
+        meta = PreparedMeta.read(data_dir)
     if lazy:
-        lazy_split = LazySplit(data_dir, split)
-        counts = PreparedMeta.read(data_dir).split(split).label_counts
+        lazy_split = LazySplit(data_dir, split, meta)
+        counts = meta.split(split).label_counts
         return LazyData(lazy_split, seed, counts), None, _streamed_texts(lazy_split)
-    data = _load_split(data_dir, split)
+    data = _load_split(data_dir, split, meta)
     samples = (
         list(data.input_ids)
         if data.input_ids2 is None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -194,16 +195,18 @@ def _to_arrays(col: pa.ChunkedArray) -> list[np.ndarray]:
     return split_flat(*flat_column(col))
 
 
-def split_shards(data_dir: str, split: str) -> list[tuple[str, int | None]]:
+def split_shards(data_dir: str, split: str, meta: Any = None) -> list[tuple[str, int | None]]:
     """The shards of ``split`` in reading order, each with its row count: from meta.json's
     ``shard_rows`` (prepro records them), else listed (rows None: data prepared before).
+    ``meta``: ``data_dir``'s :class:`~xdpx.data.meta.PreparedMeta` when the caller has read it.
 
     Raises:
         DataError: the split has no shards (names the splits that exist).
     """
     from xdpx.data.meta import PreparedMeta
 
-    meta = PreparedMeta.read(data_dir) if io.exists(PreparedMeta.path_in(data_dir)) else None
+    if meta is None and io.exists(PreparedMeta.path_in(data_dir)):
+        meta = PreparedMeta.read(data_dir)
     entry = meta.splits.get(split) if meta is not None else None
     if entry is not None and entry.shard_rows is not None:
         return [(io.join(data_dir, split, name), n) for name, n in entry.shard_rows.items()]
@@ -238,14 +241,14 @@ def _split_data(table: pa.Table) -> SplitData:
     )
 
 
-def load_split(data_dir: str, split: str) -> SplitData:
-    """Read all shards of ``split`` (in order) into memory.
+def load_split(data_dir: str, split: str, meta: Any = None) -> SplitData:
+    """Read all shards of ``split`` (in order) into memory (``meta``: as :func:`split_shards`).
 
     Raises:
         DataError: the split has no shards (names the splits that exist).
     """
     tables = []
-    for path, _ in split_shards(data_dir, split):
+    for path, _ in split_shards(data_dir, split, meta):
         with io.open(path, "rb") as f:
             tables.append(pq.read_table(f))
     return _split_data(pa.concat_tables(tables))

@@ -34,14 +34,14 @@ from torch import nn
 
 from xdpx import io
 from xdpx.config import TrainConfig
-from xdpx.data import VOCAB_FILE, PreparedMeta
+from xdpx.data import PreparedMeta
 from xdpx.data.lazy import TrainData, open_train_split
 from xdpx.data.vocab import PAD, UNK, read_tokens
 from xdpx.errors import DivergenceError, PreflightError
 from xdpx.inference import Batch, call_model, pad_batch
-from xdpx.models import build_for_training, model_config_from, with_model_defaults
 from xdpx.train.diagnosis import find_nonfinite
 from xdpx.train.sampling import rank_share
+from xdpx.train.setup import TrainSetup, resolve
 
 __all__ = [
     "Check",
@@ -155,25 +155,22 @@ class Probe:
             close()
 
     @classmethod
-    def open(cls, cfg: TrainConfig) -> Probe:
-        """Read the data and build the model from ``cfg`` as ``stages.train`` does.
+    def open(cls, cfg: TrainConfig, setup: TrainSetup | None = None) -> Probe:
+        """Read the data and build the model from ``cfg`` as ``stages.train`` does: through
+        the one set-up step (:func:`xdpx.train.setup.resolve`; ``setup``: its result when the
+        caller has it, e.g. ``train.preflight_doctor``).
 
         Raises:
             FileNotFoundError, DataError: no prepared data; ValueError: the model does not
             fit the data (``xdpx.models.check_model_fits_data``).
         """
-        from xdpx.models import check_model_fits_data
-
-        cfg = with_model_defaults(cfg)
-        meta = PreparedMeta.read(cfg.data_dir)
-        check_model_fits_data(cfg.model, cfg.data_dir, "train.model")
-        data, _, texts = open_train_split(cfg.data_dir, cfg.train_subset, cfg.seed, cfg.lazy_load)
-        model_config = model_config_from(
-            cfg.model, cfg, meta.vocab_size, meta.num_labels, meta.pad_id, meta
+        setup = setup if setup is not None else resolve(cfg)
+        cfg, meta = setup.cfg, setup.meta
+        data, _, texts = open_train_split(
+            cfg.data_dir, cfg.train_subset, cfg.seed, cfg.lazy_load, meta
         )
-        vocab = io.join(cfg.data_dir, VOCAB_FILE)
-        model, model_config, _ = build_for_training(cfg.model, model_config, vocab, texts, cfg.seed)
-        return cls(cfg, meta, data, model, model_config, read_tokens(vocab))
+        model, model_config, _ = setup.build(texts)
+        return cls(cfg, meta, data, model, model_config, read_tokens(setup.vocab_file))
 
     @property
     def num_labels(self) -> int:
@@ -911,6 +908,7 @@ def run_checklist(
     cfg: TrainConfig,
     fast: bool = False,
     on_check: Callable[[Check], None] | None = None,
+    setup: TrainSetup | None = None,
 ) -> list[Check]:
     """Run the training checklist on the data and model of ``cfg``.
 
@@ -918,6 +916,7 @@ def run_checklist(
         cfg: the ``train`` section (data_dir, model, batch_size, update_freq, ...).
         fast: only :data:`FAST` (no overfitting: what ``train.preflight_doctor`` runs).
         on_check: called with each finding as soon as it is made (progress output).
+        setup: ``cfg`` resolved by :func:`xdpx.train.setup.resolve` when the caller has it.
 
     Returns:
         The findings in :data:`CHECKS` order. A check that raises becomes a FAIL naming the
@@ -939,7 +938,7 @@ def run_checklist(
         torch.set_num_threads(cfg.threads)
     start = time.perf_counter()
     try:
-        probe = Probe.open(cfg)
+        probe = Probe.open(cfg, setup)
     except Exception as e:  # noqa: BLE001 - reported, not raised: the doctor goes on
         emit(Check("fail", "model", f"cannot build {cfg.model} on {cfg.data_dir}: {e}"))
         return out
@@ -967,9 +966,10 @@ def run_checklist(
     return out
 
 
-def preflight_doctor(cfg: TrainConfig) -> None:
+def preflight_doctor(cfg: TrainConfig, setup: TrainSetup | None = None) -> None:
     """``train.preflight_doctor``: run the fast subset of ``xdpx doctor``'s training checks
     (:data:`xdpx.doctor.checklist.FAST`) before anything is written; log each finding.
+    ``setup``: ``cfg`` resolved already (``stages.train``), so meta.json is not read again.
 
     Raises:
         PreflightError: a check failed; the message names each failed check and its fix.
@@ -979,7 +979,7 @@ def preflight_doctor(cfg: TrainConfig) -> None:
         level = {"fail": logging.ERROR, "warn": logging.WARNING}.get(c.status, logging.INFO)
         logging.getLogger("xdpx.train").log(level, "preflight_doctor %s", c.line())
 
-    fails = [c for c in run_checklist(cfg, fast=True, on_check=show) if c.status == "fail"]
+    fails = [c for c in run_checklist(cfg, fast=True, on_check=show, setup=setup) if c.status == "fail"]  # fmt: skip
     if fails:
         raise PreflightError(
             f"train.preflight_doctor: {len(fails)} check(s) failed before training: "

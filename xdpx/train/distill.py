@@ -293,7 +293,9 @@ def read_teacher_file(
     )
 
 
-def load_teacher_logits(path: str, data_dir: str, split: str, data: SplitData) -> np.ndarray:
+def load_teacher_logits(
+    path: str, data_dir: str, split: str, data: SplitData, meta: PreparedMeta | None = None
+) -> np.ndarray:
     """Teacher logits aligned with the samples of ``split``, after checking the alignment.
 
     Args:
@@ -301,6 +303,7 @@ def load_teacher_logits(path: str, data_dir: str, split: str, data: SplitData) -
         data_dir: the student's prepared data (its encoder files and ``meta.json``).
         split: the split trained on (``train.train_subset``), for messages.
         data: that split as loaded by the trainer (``load_split``), in shard order.
+        meta: ``data_dir``'s meta.json when the caller has read it (else read here).
 
     Returns:
         ``[n, num_labels]`` float32, row ``k`` = the teacher's logits for sample ``k``.
@@ -310,11 +313,12 @@ def load_teacher_logits(path: str, data_dir: str, split: str, data: SplitData) -
             number of rows, ids out of order, or a row whose text does not encode to the
             sample's token ids; the message names the file, the line and the fix.
     """
-    meta = PreparedMeta.read(data_dir)
+    if meta is None:
+        meta = PreparedMeta.read(data_dir)
     prepro = meta.prepro
     split_meta = meta.splits.get(split)
     source = (split_meta and split_meta.source) or f"the {split} file"
-    encoder = Encoder.from_dir(data_dir)
+    encoder = Encoder.from_dir(data_dir, meta)
     teacher = read_teacher_file(
         path, encoder.labels, prepro.get("text_column", "text"), prepro.get("text2_column")
     )
