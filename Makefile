@@ -55,10 +55,11 @@ docs: install  ## the documentation site into site/ (mkdocs build --strict: brok
 docs-serve: install  ## the documentation site at http://127.0.0.1:8000, rebuilt on every change
 	$(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
 
-bench: install  ## baseline vs the demo's accuracy, and over 5 random splits; speed ratios: Trainer vs bare loop, prepro vs the fast tokenizer, fine-tuning vs transformers.Trainer; memory at x1/x10/x100 the corpus
+bench: install  ## baseline vs the demo's accuracy, and over 5 random splits; speed ratios: Trainer vs bare loop, DDP bytes (sparse vs dense) and 2 vs 1 processes, prepro vs the fast tokenizer, fine-tuning vs transformers.Trainer; memory at x1/x10/x100 the corpus
 	$(PY) bench/baseline.py --metrics reports/metrics.json
 	$(PY) bench/baseline_cv.py
 	$(PY) bench/trainer_overhead.py
+	$(PY) bench/ddp_comm.py
 	$(PY) bench/tokenize_throughput.py
 	$(PY) bench/finetune_throughput.py
 	$(PY) bench/scale.py

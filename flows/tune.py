@@ -559,6 +559,8 @@ def run(cfg: TuneConfig) -> TuneResult:
     Raises:
         ConfigError: bad base params/overrides, a base config with a grid, no
             validation split, a study stored with the other direction.
+        ValueError: the model does not fit the shared prepared data
+            (:func:`xdpx.train.setup.resolve`, before any trial).
         FileNotFoundError: missing input paths (the pre-flight checks of prepro/train).
     """
     import optuna
@@ -576,7 +578,12 @@ def run(cfg: TuneConfig) -> TuneResult:
     pruner_cfg = cfg.pruner
     min_res, max_res = pruner_cfg.min_resource, pruner_cfg.max_resource
     if shared is not None:
+        from xdpx.train.setup import resolve
+
         meta = PreparedMeta.read(shared)
+        # the trials' set-up step, once before the study: a model that does not fit the data
+        # (or a task that does not fit its labels) fails here, not in every trial
+        resolve(base_train.model_copy(update={"data_dir": shared}), meta)
         if base_train.valid_subset not in meta.splits:
             raise ConfigError(
                 f"xdpx tune: no {base_train.valid_subset!r} split in {shared} "

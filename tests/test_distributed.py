@@ -253,3 +253,23 @@ def test_every_family_under_ddp_equals_one_process_with_twice_the_batch(families
     pd.testing.assert_series_equal(logs[1]["loss"], logs[0]["loss"], rtol=1e-5)
     pd.testing.assert_series_equal(logs[1]["grad_norm"], logs[0]["grad_norm"], rtol=1e-4)
     assert (logs[0]["grad_norm"] > 0).all()  # the updates moved the weights
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_set_up_reads_meta_json_once_per_run(real_subset, tmp_path, monkeypatch, lazy):
+    """``xdpx train`` (pre-flight, set-up, data, model) reads the prepared meta.json once:
+    ``xdpx.train.setup.resolve`` reads it and every later step is handed it."""
+    from xdpx.data.meta import PreparedMeta
+
+    reads = []
+    read = PreparedMeta.read.__func__
+
+    def counted(cls, directory):
+        reads.append(directory)
+        return read(cls, directory)
+
+    monkeypatch.setattr(PreparedMeta, "read", classmethod(counted))
+    _, prepared = real_subset
+    run = train(tmp_path, prepared, "once", 1, max_update=2, lazy_load=lazy)
+    assert reads == [prepared]
+    assert (run / "last" / "model.safetensors").exists()

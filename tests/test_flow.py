@@ -61,14 +61,17 @@ def _check_outputs_agree(root, run: str = "models/default", reports: str = "repo
 
 
 def test_flow_trains_with_two_processes_and_runs_the_other_stages_once(prefect_server, tmp_path, monkeypatch):  # fmt: skip
-    """train_nproc=2: train under torchrun (2 gloo processes), the rest in the flow."""
+    """train_nproc=2: train under torchrun (2 gloo processes), the rest in the flow; the
+    default model (ngram_lr: sparse gradients, xdpx.train.ddp)."""
     from flows.pipeline import STAGES, xdpx_pipeline
 
     monkeypatch.chdir(tmp_path)
-    results = xdpx_pipeline(params="params.yaml", overrides=[*OVERRIDES, "train.threads=1"], train_nproc=2)  # fmt: skip
+    default_model = [o for o in OVERRIDES if not o.startswith(("train.model", "train.embedding_dim", "train.num_filters"))]  # fmt: skip
+    results = xdpx_pipeline(params="params.yaml", overrides=[*default_model, "train.threads=1"], train_nproc=2)  # fmt: skip
     assert list(results) == list(STAGES)
     run = tmp_path / "models/default"
     assert json.loads((run / "repro.json").read_text())["world_size"] == 2
+    assert "optimizer: lazy_adamw" in (run / "params.yaml").read_text()
     assert results["train"]["num_updates"] == json.loads((run / "result.json").read_text())["num_updates"] > 0  # fmt: skip
     _check_outputs_agree(tmp_path)
 
