@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 from small_run import SMALL_RUN
 
 pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[1]
 
 OVERRIDES = [
     "fetch.limit=600",
@@ -66,12 +70,14 @@ def test_flow_trains_with_two_processes_and_runs_the_other_stages_once(prefect_s
     from flows.pipeline import STAGES, xdpx_pipeline
 
     monkeypatch.chdir(tmp_path)
+    shutil.copy(ROOT / "params.yaml", tmp_path)  # as shipped (without it: the config's defaults)
     default_model = [o for o in OVERRIDES if not o.startswith(("train.model", "train.embedding_dim", "train.num_filters"))]  # fmt: skip
     results = xdpx_pipeline(params="params.yaml", overrides=[*default_model, "train.threads=1"], train_nproc=2)  # fmt: skip
     assert list(results) == list(STAGES)
     run = tmp_path / "models/default"
     assert json.loads((run / "repro.json").read_text())["world_size"] == 2
-    assert "optimizer: lazy_adamw" in (run / "params.yaml").read_text()
+    resolved = (run / "params.yaml").read_text()
+    assert "optimizer: lazy_adamw" in resolved, resolved
     assert results["train"]["num_updates"] == json.loads((run / "result.json").read_text())["num_updates"] > 0  # fmt: skip
     _check_outputs_agree(tmp_path)
 
