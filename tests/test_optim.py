@@ -157,3 +157,41 @@ def test_class_weight_auto_weighs_only_imbalanced_classes() -> None:
     assert resolve_class_weight("auto", np.array([30, 10])) is not None
     assert resolve_class_weight(None, skewed) is None
     assert resolve_class_weight("balanced", np.array([5, 5])) is not None
+
+
+def test_sparse_grad_ddp_exchange_in_a_one_process_group():
+    """SparseGradDDP in a real (gloo, world size 1) group: a sparse table gradient comes back
+    coalesced with its values unchanged (the mean over one rank), the dense one too, a
+    parameter without a gradient keeps none, and the bytes are those of the touched rows."""
+    import socket
+
+    import torch.distributed as dist
+
+    from xdpx.train.ddp import SparseGradDDP
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Module()
+        model.table = torch.nn.Embedding(1000, 3, sparse=True)
+        model.bias = torch.nn.Parameter(torch.zeros(3))
+        model.unused = torch.nn.Parameter(torch.zeros(2))
+        wrapped = SparseGradDDP(model)
+        rows = torch.tensor([5, 7, 5, 999])  # row 5 twice: coalesced into one row
+        (model.table(rows).sum(0) * torch.tensor([1.0, 2.0, 3.0]) + model.bias).sum().backward()
+        expected = model.table.weight.grad.to_dense().clone()
+        stats = wrapped.sync_gradients()
+        grad = model.table.weight.grad
+        assert grad.is_sparse and grad.is_coalesced()
+        assert grad.indices()[0].tolist() == [5, 7, 999]
+        torch.testing.assert_close(grad.to_dense(), expected)
+        torch.testing.assert_close(model.bias.grad, torch.ones(3))
+        assert model.unused.grad is None
+        assert stats.touched_rows == 3
+        assert stats.sparse_bytes == 3 * (8 + 3 * 4) + 8  # (index, 3 floats) per row + the count
+        assert stats.dense_table_bytes == 1000 * 3 * 4 and stats.dense_bytes == 3 * 4
+    finally:
+        dist.destroy_process_group()

@@ -58,10 +58,12 @@ def input_embeddings(model: nn.Module) -> nn.Module | None:
     """The token embedding layer a model exposes through ``get_input_embeddings()``, or None.
 
     Args:
-        model: an xdpx model (or any module; a DDP wrapper is unwrapped).
+        model: an xdpx model (or any module; a DDP wrapper is unwrapped:
+            :func:`xdpx.train.ddp.unwrap`).
     """
-    if isinstance(model, nn.parallel.DistributedDataParallel):
-        model = model.module
+    from xdpx.train.ddp import unwrap
+
+    model = unwrap(model)
     get = getattr(model, "get_input_embeddings", None)
     return get() if callable(get) else None
 
