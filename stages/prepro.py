@@ -36,7 +36,7 @@ from xdpx.data import (
     make_tokenizer,
 )
 from xdpx.data.conflicts import drop_rows, find_conflicts
-from xdpx.data.readers import MAX_BAD_LINES, iter_examples
+from xdpx.data.readers import MAX_BAD_LINES, MAX_CONTROL_LINES, iter_examples
 from xdpx.data.stream import (
     EncoderSpec,
     FileCounts,
@@ -180,13 +180,28 @@ def split_meta(cfg: PreproConfig, pieces: list[FileShards]) -> dict[str, Any]:
         "control_stripped": sum(p.control_stripped for p in pieces),
     }
     if meta["control_stripped"]:
-        log.warning("%s: removed control characters from %d rows (prepro.control_chars=strip)", pieces[0].split, meta["control_stripped"])  # fmt: skip
+        _report_control(cfg, pieces[0].split, meta["control_stripped"], pieces)
     log.info(
         "%s: %d rows from %d file(s), %d skipped, %d truncated to max_len=%d (longest %d)",
         pieces[0].split, rows, len(pieces), meta["skipped"], meta["truncated"], cfg.max_len,
         meta["max_length_seen"],
     )  # fmt: skip
     return meta
+
+
+def _report_control(cfg: PreproConfig, split: str, rows: int, pieces: list[FileShards]) -> None:
+    """Log the rows of ``split`` whose control characters were removed: one WARN naming the
+    first lines with ``control_chars: strip_warn``, an INFO with ``strip``."""
+    first = [m for p in pieces for m in p.control_lines][:MAX_CONTROL_LINES]
+    more = f" (first: {'; '.join(first)})" if first else ""
+    if cfg.control_chars == "strip_warn":
+        log.warning(
+            "%s: removed control characters from %d row(s)%s; prepro.control_chars=strip_warn "
+            "(set strip to remove them silently, error to stop on them)",
+            split, rows, more,
+        )  # fmt: skip
+    else:
+        log.info("%s: removed control characters from %d row(s)%s", split, rows, more)
 
 
 def write_prepared(

@@ -43,12 +43,26 @@ def _prepro(raw: Path, out: Path, **kw) -> dict:
     return json.loads((out / "meta.json").read_text())
 
 
-def test_a_nul_in_a_text_names_file_line_and_character_or_is_stripped_and_counted(raw, tmp_path):
+def test_a_nul_in_a_text_names_file_line_and_character_or_is_stripped_and_counted(
+    raw, tmp_path, caplog
+):
     lines = _lines(raw / "train.tsv")
     text, label = lines[5].rsplit("\t", 1)
-    lines[5] = f"{text[:4]}\x00{text[4:]}\t{label}"  # a real review with a NUL inside (line 6)
+    # other control characters (C0 ESC, C1 U+009D) are noise: stripped, counted, one WARN
+    lines[5] = f"{text[:4]}\x1b{text[4:]}\x9d\t{label}"  # a real review (line 6)
     _write(raw / "train.tsv", lines)
-    with pytest.raises(DataError, match=r"train\.tsv:6: NUL \(U\+0000\) at character 5 .*control_chars=strip"):  # fmt: skip
+    with caplog.at_level("WARNING", logger="xdpx.prepro"):
+        meta = _prepro(raw, tmp_path / "w")  # the default: control_chars=strip_warn
+    warns = [r.getMessage() for r in caplog.records if "control character" in r.getMessage()]
+    assert len(warns) == 1 and f"{raw / 'train.tsv'}:6: U+001B at character 5" in warns[0], warns
+    assert meta["splits"]["train"]["control_stripped"] == 1
+    assert meta["splits"]["train"]["rows"] == len(lines) - 1  # kept (one line is the header)
+    assert len(load_split(str(tmp_path / "w"), "train")) == len(lines) - 1
+    vocab = (tmp_path / "w" / "vocab.txt").read_text(encoding="utf-8")
+    assert "\x1b" not in vocab and "\x9d" not in vocab  # removed before tokenizing
+    lines[5] = f"{text[:4]}\x00{text[4:]}\t{label}"  # a NUL: a binary or UTF-16 file
+    _write(raw / "train.tsv", lines)
+    with pytest.raises(DataError, match=r"train\.tsv:6: NUL \(U\+0000\) at character 5 .*UTF-16.*control_chars=strip"):  # fmt: skip
         _prepro(raw, tmp_path / "p")
     assert not (tmp_path / "p").exists()  # nothing half-written
     meta = _prepro(raw, tmp_path / "p", control_chars="strip")

@@ -157,11 +157,14 @@ class PreproConfig(_Section):
     skip_bad_lines: bool = Field(
         False, description="Skip and count malformed lines instead of failing."
     )
-    control_chars: Literal["error", "strip"] = Field(
-        "error",
-        description="A C0 control character (NUL, ESC, ...; tab, CR and LF excepted) inside a "
-        "text: error = a bad line naming file:line and the character (skipped with "
-        "skip_bad_lines); strip = removed, the lines counted in meta.json.",
+    control_chars: Literal["strip_warn", "strip", "error"] = Field(
+        "strip_warn",
+        description="A control character inside a text (Unicode Cc: C0 such as ESC or U+0012, "
+        "tab, CR and LF excepted; DEL; C1): strip_warn = removed, the lines counted in "
+        "meta.json (splits.<split>.control_stripped) and one log WARN per split naming the "
+        "first file:line, but a NUL (the sign of a binary or UTF-16 file) is a bad line "
+        "naming file:line; strip = every one removed and counted, NUL included, no WARN; "
+        "error = a bad line naming file:line and the character (skipped with skip_bad_lines).",
     )
     conflicts: Literal["keep", "drop", "error", "off"] = Field(
         "keep",

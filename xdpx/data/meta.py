@@ -44,7 +44,9 @@ class SplitMeta(BaseModel):
         None, description="Examples per class index (labelled rows only)."
     )
     control_stripped: int = Field(
-        0, ge=0, description="Rows whose control characters were removed (control_chars: strip)."
+        0,
+        ge=0,
+        description="Rows whose control characters were removed (control_chars: strip_warn or strip).",
     )
 
 

@@ -42,7 +42,7 @@ from xdpx import io
 from xdpx.config import PreproConfig
 from xdpx.data.conflicts import text_hashes
 from xdpx.data.encoder import Encoder, parse_scores
-from xdpx.data.readers import MAX_BAD_LINES, DataError, iter_examples
+from xdpx.data.readers import MAX_BAD_LINES, MAX_CONTROL_LINES, DataError, iter_examples
 from xdpx.data.shards import NO_LABEL, shard_schema
 from xdpx.data.tokenizers import HFTokenizer, TokenBatch, make_tokenizer
 from xdpx.data.transliterate import make_transliterator
@@ -274,7 +274,9 @@ class FileShards:
         truncated: rows where a sequence was cut to ``max_len``.
         label_counts: ``[num_labels]`` examples per class (unlabelled rows not counted).
         has_labels: the file has a label column.
-        control_stripped: rows whose control characters were removed (``control_chars: strip``).
+        control_stripped: rows whose control characters were removed (``control_chars:
+            strip_warn`` or ``strip``); control_lines: the first of them
+            (:attr:`xdpx.data.readers.ReadResult.control_lines`).
         row_hashes, row_labels, row_lines: ``[rows]`` uint64 text hash
             (:func:`xdpx.data.conflicts.text_hashes`), int32 label id and int64 line of each
             row, for :func:`xdpx.data.conflicts.find_conflicts`; None for an unlabelled file.
@@ -296,6 +298,7 @@ class FileShards:
     label_counts: list[int] = field(default_factory=list)
     has_labels: bool = True
     control_stripped: int = 0
+    control_lines: list[str] = field(default_factory=list)
     row_hashes: np.ndarray | None = None
     row_labels: np.ndarray | None = None
     row_lines: np.ndarray | None = None
@@ -477,6 +480,7 @@ def _pass_file(
             out.skipped += chunk.skipped
             out.bad_lines = (out.bad_lines + chunk.bad_lines)[:MAX_BAD_LINES]
             out.control_stripped += chunk.control_stripped
+            out.control_lines = (out.control_lines + chunk.control_lines)[:MAX_CONTROL_LINES]
             out.has_labels = chunk.labels is not None
             if len(chunk):
                 if record and out.has_labels:
