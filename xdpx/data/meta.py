@@ -81,6 +81,12 @@ class PreparedMeta(BaseModel):
         description="Texts under two labels (xdpx.data.conflicts.Conflicts.report): action, "
         "texts, within (per split), across_train, rows, examples (file:line (label) pairs).",
     )
+    overlaps: dict[str, dict[str, Any]] | None = Field(
+        None,
+        description="Texts shared by two splits (xdpx.data.overlaps.find_overlaps), per pair "
+        "'a~b': splits, exact, near (case, whitespace, punctuation), rows, distinct, "
+        "identical, examples (file:line pairs); None in data prepared before it was recorded.",
+    )
     labels_missing: dict[str, list[str]] = Field(
         default_factory=dict,
         description="Labelled split -> labels with train examples but none there.",
