@@ -73,6 +73,7 @@ from xdpx.config import (
 )
 from xdpx.data.meta import PreparedMeta
 from xdpx.metrics import METRIC_DIRECTIONS
+from xdpx.model_configs import reading_config
 
 log = logging.getLogger("xdpx.tune")
 
@@ -246,7 +247,8 @@ def load_tune_config(
     Raises:
         ConfigError: missing file, bad YAML, unknown key (with the closest valid
             name, as params.yaml errors), a bad range, a value a params key
-            rejects, a reserved key; every message names the file and the key.
+            rejects (alone, or on the base params: a key its model does not read), a
+            reserved key; every message names the file and the key.
     """
     raw = read_yaml_mapping(path, "tune file", hint=" (study, params, space, ...)")
     fields = list(TuneConfig.model_fields)
@@ -283,7 +285,9 @@ def load_tune_config(
     if cfg.params != "params.yaml" and not io.exists(cfg.params):
         raise ConfigError(f"{path}: params: base params file {cfg.params} not found")
     fixed = [o if "." in o.split("=", 1)[0] else f"train.{o}" for o in cfg.overrides]
-    return cfg.model_copy(update={"overrides": fixed})
+    cfg = cfg.model_copy(update={"overrides": fixed})
+    _check_space_on_base(path, cfg)
+    return cfg
 
 
 def _check_entry(path: str, key: str, body: Any) -> SpaceEntry:
@@ -313,8 +317,9 @@ def _check_entry(path: str, key: str, body: Any) -> SpaceEntry:
     if entry.type == "float" and entry.step is None:
         low, high = entry.values  # and a value inside: catches float ranges over int keys
         probes.append(low * (high / low) ** 0.37 if entry.log else low + 0.37 * (high - low))
+    context = reading_config(name) if section == "train" else {}  # a model that reads it
     for value in probes:
-        build_section(section, {name: value}, f"{path}: space.{key}")
+        build_section(section, {**context, name: value}, f"{path}: space.{key}")
     return entry
 
 
@@ -355,6 +360,29 @@ def _stage_config(section: str, cfg: TuneConfig, updates: dict[str, Any]) -> Any
             f"{cfg.params}: has a grid: (one run per combination); xdpx tune needs one base config"
         )
     return configs[0][1]
+
+
+def _check_space_on_base(path: str, cfg: TuneConfig) -> None:
+    """Load the base train config with each value of each tuned ``train`` key (each end of a
+    range, each choice) before any trial: a key the base's model does not read, say, is
+    refused here (``xdpx.model_configs.unread_keys``), not in a trial. Skipped when the
+    space tunes ``train.model`` (a key's validity then depends on the trial's model).
+
+    Raises:
+        ConfigError: ``<path>: space.<key>=<value> on the base params: <the error>``.
+    """
+    if "train.model" in cfg.space:
+        return
+    for key, entry in cfg.space.items():
+        if not key.startswith("train."):
+            continue
+        for value in entry.values:
+            try:
+                _stage_config("train", cfg, {key: value})
+            except ConfigError as e:
+                raise ConfigError(
+                    f"{path}: space.{key}={value!r} on the base params: {e}"
+                ) from None
 
 
 def _samples_at(update: int, n_train: int, window: int) -> int:

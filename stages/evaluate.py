@@ -18,7 +18,7 @@ import pandas as pd
 from pydantic import BaseModel
 
 from xdpx import io
-from xdpx.checkpoint import check_reader, load_checkpoint
+from xdpx.checkpoint import beside_checkpoint, check_reader, load_checkpoint
 from xdpx.config import EvaluateConfig
 from xdpx.data import TARGET_MAP_FILE, PreparedMeta
 from xdpx.data.lazy import LazySplit
@@ -29,7 +29,7 @@ from xdpx.metrics import (
     confusion_matrix,
     regression_metrics,
 )
-from xdpx.rundir import RunDir, of_checkpoint
+from xdpx.rundir import RunDir, of_checkpoint, unalias
 from xdpx.stage import stage_main
 from xdpx.viz import confusion_figure, save_figure, valid_curve_figure
 
@@ -109,6 +109,18 @@ def run(cfg: EvaluateConfig) -> EvaluateResult:
     )
 
 
+def beside(cfg: EvaluateConfig) -> dict[str, str]:
+    """The outputs of an ad-hoc evaluation of ``cfg.checkpoint`` (not the pipeline's):
+    ``<its run dir>/eval/{metrics.json, confusion.png, valid_curve.png}``
+    (``xdpx.stage.beside_checkpoint``)."""
+    out = of_checkpoint(unalias(cfg.checkpoint)).eval_dir
+    return {
+        "metrics_file": io.join(out, "metrics.json"),
+        "confusion_png": io.join(out, "confusion.png"),
+        "curve_png": io.join(out, "valid_curve.png"),
+    }
+
+
 def _major_metric(run_dir: RunDir) -> str:
     import yaml
 
@@ -123,7 +135,11 @@ def _major_metric(run_dir: RunDir) -> str:
 
 
 def main(argv: list[str] | None = None) -> EvaluateResult:
-    """``python -m stages.evaluate [--params params.yaml] [evaluate.key=value ...]``."""
+    """``python -m stages.evaluate [--params params.yaml] [evaluate.key=value ...]``.
+
+    With a checkpoint other than the params' (the pipeline's), the outputs not given on the
+    command line go under that checkpoint's run directory (:func:`beside`).
+    """
     return stage_main(
         "evaluate",
         run,
@@ -133,6 +149,7 @@ def main(argv: list[str] | None = None) -> EvaluateResult:
         ),
         argv,
         check,
+        lambda configs, args: beside_checkpoint("evaluate", configs, args, beside),
     )
 
 

@@ -19,11 +19,12 @@ import numpy as np
 from pydantic import BaseModel
 
 from xdpx import io
-from xdpx.checkpoint import check_reader, load_checkpoint
+from xdpx.checkpoint import beside_checkpoint, check_reader, load_checkpoint
 from xdpx.config import ConfigError, PredictConfig, PreproConfig
 from xdpx.data import DataError, Encoder, PreparedMeta, read_examples
 from xdpx.data.readers import iter_examples
 from xdpx.inference import as_samples, format_probs, predict_logits, probs_from_logits
+from xdpx.rundir import of_checkpoint, unalias
 from xdpx.stage import stage_main
 from xdpx.train.distill import teacher_rows
 
@@ -157,14 +158,26 @@ def _predict_stream(
     return PredictResult(out_file=cfg.out_file, rows=rows, skipped=skipped, label_counts=counts)
 
 
+def beside(cfg: PredictConfig) -> dict[str, str]:
+    """The output of an ad-hoc prediction with ``cfg.checkpoint`` (not the pipeline's):
+    ``<its run dir>/predict/<data file stem>.pred.tsv`` (``xdpx.stage.beside_checkpoint``)."""
+    stem = cfg.data_file.rstrip("/").rsplit("/", 1)[-1].rsplit(".", 1)[0]
+    return {"out_file": io.join(of_checkpoint(unalias(cfg.checkpoint)).predict_dir, f"{stem}.pred.tsv")}  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> PredictResult:
-    """``python -m stages.predict [--params params.yaml] [predict.key=value ...]``."""
+    """``python -m stages.predict [--params params.yaml] [predict.key=value ...]``.
+
+    With a checkpoint other than the params' (the pipeline's), ``out_file`` (unless given
+    on the command line) goes under that checkpoint's run directory (:func:`beside`).
+    """
     return stage_main(
         "predict",
         run,
         lambda r: f"wrote {r.rows} predictions to {r.out_file} ({r.label_counts})",
         argv,
         check,
+        lambda configs, args: beside_checkpoint("predict", configs, args, beside),
     )
 
 

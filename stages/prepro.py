@@ -36,7 +36,8 @@ from xdpx.data import (
     make_tokenizer,
 )
 from xdpx.data.conflicts import drop_rows, find_conflicts
-from xdpx.data.readers import MAX_BAD_LINES, iter_examples
+from xdpx.data.overlaps import find_overlaps, worth_warning
+from xdpx.data.readers import MAX_BAD_LINES, MAX_CONTROL_LINES, iter_examples
 from xdpx.data.stream import (
     EncoderSpec,
     FileCounts,
@@ -180,13 +181,28 @@ def split_meta(cfg: PreproConfig, pieces: list[FileShards]) -> dict[str, Any]:
         "control_stripped": sum(p.control_stripped for p in pieces),
     }
     if meta["control_stripped"]:
-        log.warning("%s: removed control characters from %d rows (prepro.control_chars=strip)", pieces[0].split, meta["control_stripped"])  # fmt: skip
+        _report_control(cfg, pieces[0].split, meta["control_stripped"], pieces)
     log.info(
         "%s: %d rows from %d file(s), %d skipped, %d truncated to max_len=%d (longest %d)",
         pieces[0].split, rows, len(pieces), meta["skipped"], meta["truncated"], cfg.max_len,
         meta["max_length_seen"],
     )  # fmt: skip
     return meta
+
+
+def _report_control(cfg: PreproConfig, split: str, rows: int, pieces: list[FileShards]) -> None:
+    """Log the rows of ``split`` whose control characters were removed: one WARN naming the
+    first lines with ``control_chars: strip_warn``, an INFO with ``strip``."""
+    first = [m for p in pieces for m in p.control_lines][:MAX_CONTROL_LINES]
+    more = f" (first: {'; '.join(first)})" if first else ""
+    if cfg.control_chars == "strip_warn":
+        log.warning(
+            "%s: removed control characters from %d row(s)%s; prepro.control_chars=strip_warn "
+            "(set strip to remove them silently, error to stop on them)",
+            split, rows, more,
+        )  # fmt: skip
+    else:
+        log.info("%s: removed control characters from %d row(s)%s", split, rows, more)
 
 
 def write_prepared(
@@ -205,6 +221,7 @@ def write_prepared(
     """
     final = cfg.data_dir.rstrip("/")
     conflicts = resolve_conflicts(cfg, tmp, pieces, spec.labels)
+    overlaps = report_overlaps(pieces)
     by_split: dict[str, list[FileShards]] = {}
     for p in pieces:  # the mapper returns them in job order: split by split, files in order
         by_split.setdefault(p.split, []).append(p)
@@ -234,6 +251,7 @@ def write_prepared(
         pair_encoding=encoder.pair_encoding,
         splits=splits_meta,
         conflicts=conflicts,
+        overlaps=overlaps,
         labels_missing=missing,
         train_only_labels=train_only,
         prepro=cfg.model_dump(mode="json"),
@@ -291,6 +309,43 @@ def resolve_conflicts(
             for i, mask in found.drop.items():
                 drop_rows(tmp, pieces[i], mask)
     return found.report(cfg.conflicts)
+
+
+def report_overlaps(pieces: list[FileShards]) -> dict[str, dict[str, Any]]:
+    """Texts shared by every pair of splits (:func:`xdpx.data.overlaps.find_overlaps`, after
+    ``conflicts: drop``), each pair worth a look (:func:`~xdpx.data.overlaps.worth_warning`:
+    a text shared as read, or near-duplicates in 1% of the smaller split) logged as one WARN
+    naming the two splits, their files when they hold the same texts, the counts and the
+    first file:line pairs. The rows' records are released.
+
+    Returns:
+        the ``meta.json`` ``overlaps`` entry.
+    """
+    found = find_overlaps(pieces)
+    sources: dict[str, list[str]] = {}
+    rows: dict[str, int] = {}
+    for p in pieces:
+        sources.setdefault(p.split, []).append(p.source)
+        rows[p.split] = rows.get(p.split, 0) + p.rows
+        p.overlap_hashes = p.overlap_lines = None
+    for entry in found.values():
+        if not worth_warning(entry):
+            continue
+        a, b = entry["splits"]
+        what = (
+            f"hold the same texts ({', '.join(sources[a])} and {', '.join(sources[b])}): "
+            f"{entry['exact']} shared"
+            if entry["identical"]
+            else f"share {entry['exact']} text(s)"
+        )
+        log.warning(
+            "%s and %s %s and %d near-duplicate(s) (case, whitespace, punctuation) in "
+            "%d of %d %s rows and %d of %d %s rows; e.g. %s; a model selected or scored on "
+            "texts it has seen is flattered: deduplicate across splits",
+            a, b, what, entry["near"], entry["rows"][a], rows[a], a, entry["rows"][b],
+            rows[b], b, "; ".join(entry["examples"]),
+        )  # fmt: skip
+    return found
 
 
 def labels_missing(

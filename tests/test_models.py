@@ -81,15 +81,19 @@ def test_each_model_family_declares_exactly_its_constructor_arguments():
         assert declared == params, name
 
 
-def test_a_model_validates_its_own_keys_only():
+def test_a_model_validates_its_own_keys_and_refuses_the_others():
     from xdpx.config import TrainConfig
 
-    assert TrainConfig(model="ngram_lr", filter_sizes=[0]).model == "ngram_lr"  # not its key
     with pytest.raises(ValueError, match="filter_sizes must be positive"):
         TrainConfig(model="textcnn", filter_sizes=[0])
     with pytest.raises(ValueError, match="ngram_orders must lie in 1..5"):
         TrainConfig(model="ngram_lr", ngram_orders=[6])
-    assert TrainConfig(model="textcnn", ngram_orders=[6]).family_args().filter_sizes == [3, 4, 5]
+    # another family's key would do nothing: refused, whatever its value
+    with pytest.raises(ValueError, match=r"train.filter_sizes=\[0\] does nothing for model=ngram_lr"):  # fmt: skip
+        TrainConfig(model="ngram_lr", filter_sizes=[0])
+    with pytest.raises(ValueError, match=r"train.ngram_orders=\[6\] does nothing for model=textcnn"):  # fmt: skip
+        TrainConfig(model="textcnn", ngram_orders=[6])
+    assert TrainConfig(model="textcnn").family_args().filter_sizes == [3, 4, 5]
 
 
 @pytest.mark.unit
@@ -111,3 +115,29 @@ def test_only_the_ngram_models_take_spelled_unknown_words(tmp_path):
         with pytest.raises(ValueError, match=f"train.model={model} learns no vector.*prepro.oov=unk"):  # fmt: skip
             check_model_fits_data(model, str(tmp_path / "spell"), "train.model")
         check_model_fits_data(model, str(tmp_path / "unk"), "train.model")
+
+
+def test_the_table_of_keys_read_by_the_trainer_matches_the_models():
+    """xdpx.model_configs.TRAINER_KEYS against the code that reads them: head_learning_rate
+    goes to the parameters xdpx.train.optim calls the head (ngram_lr/match_ngram have none),
+    layerwise_lr_decay to models with param_depth, FreeLB's keys to models with an embedding
+    layer (not hf_mlm: task=mlm refuses adv)."""
+    from xdpx.config import MODELS_WITHOUT_EMBEDDINGS
+    from xdpx.model_configs import TRAINER_KEYS
+    from xdpx.train.optim import _is_head
+
+    heads, depths, embedded = set(), set(), set()
+    for name, cls in MODELS.items():
+        if name in ("hf_classifier", "hf_mlm"):  # not built here: transformers is slow to load
+            head = callable(getattr(cls, "is_head", None))
+        else:
+            model = build_model(name, {"vocab_size": 20, "num_labels": 2})
+            head = any(_is_head(model, n) for n, _ in model.named_parameters())
+        heads |= {name} if head else set()
+        depths |= {name} if callable(getattr(cls, "param_depth", None)) else set()
+        embedded |= {name} if callable(getattr(cls, "get_input_embeddings", None)) else set()
+    assert set(TRAINER_KEYS["head_learning_rate"]) == heads == set(MODELS) - {"ngram_lr", "match_ngram"}  # fmt: skip
+    assert set(TRAINER_KEYS["layerwise_lr_decay"]) == depths == {"hf_classifier", "hf_mlm"}
+    assert embedded == set(MODELS) - set(MODELS_WITHOUT_EMBEDDINGS)
+    for key in ("adv", "adv_steps", "adv_lr", "adv_init_mag", "adv_max_norm"):
+        assert set(TRAINER_KEYS[key]) == embedded - {"hf_mlm"}, key

@@ -101,7 +101,7 @@ def pipeline(request, data) -> dict:
             data_dir=str(data["prepared"]),
             save_dir=str(run),
             model=name,
-            **TINY,
+            **({} if name == "match_ngram" else TINY),  # match_ngram reads none of them
             learning_rate=1e-2,
             batch_size=32,
             max_epoch=3,

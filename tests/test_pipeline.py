@@ -165,3 +165,49 @@ def test_export_parity_on_real_checkpoint(trained, tmp_path):
     assert onnx_vs_eager(str(tmp_path / "export"), run_dir, dev["text"][:80].tolist()) < 1e-4
     latency = json.loads((tmp_path / "export" / "latency.json").read_text())
     assert set(latency["onnx"]["batches"]) == {"1", "64"}
+
+
+def test_the_own_data_recipe_writes_next_to_its_model_and_leaves_the_demo_alone(
+    trained, tmp_path, monkeypatch, capsys
+):
+    """README's own-data recipe, `xdpx eval checkpoint='models/mine/<best>' data_dir=...`
+    (and `xdpx pred` likewise), in a project whose params.yaml is the shipped one: the
+    demo's reports (the pipeline's outputs, DVC outs) are left as they were and the files
+    land under models/mine/; an output given on the command line is kept; the pipeline's
+    own checkpoint (no override) still writes reports/."""
+    import shutil
+    from pathlib import Path
+
+    import yaml
+
+    raw, prepared, run_dir, _ = trained
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(run_dir, tmp_path / "models/mine")
+    shipped = yaml.safe_load((root / "params.yaml").read_text())
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(shipped))
+    demo = {name: f"demo {name}\n" for name in ("metrics.json", "confusion.png", "valid_curve.png")}
+    (tmp_path / "reports").mkdir()
+    for name, text in demo.items():
+        (tmp_path / "reports" / name).write_text(text)
+
+    result = evaluate.main(["checkpoint=models/mine/<best>", f"data_dir={prepared}"])
+    mine = tmp_path / "models/mine"
+    assert result.metrics_file == "models/mine/eval/metrics.json"
+    assert set(json.loads((mine / "eval/metrics.json").read_text())) == {"dev", "test"}
+    for name in ("confusion.png", "valid_curve.png"):
+        assert (mine / "eval" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    pred = predict.main(["checkpoint=models/mine/<best>", f"data_file={raw}/test.tsv"])
+    assert pred.out_file == "models/mine/predict/test.pred.tsv" and pred.rows > 0
+    assert len((mine / "predict/test.pred.tsv").read_text().splitlines()) == pred.rows + 1
+    given = evaluate.main(["checkpoint=models/mine/<last>", f"data_dir={prepared}", "metrics_file=mine.json"])  # fmt: skip
+    assert given.metrics_file == "mine.json" and given.confusion_png == "models/mine/eval/confusion.png"  # fmt: skip
+    # the demo's files: untouched, nothing new beside them
+    assert {p.name: p.read_text() for p in (tmp_path / "reports").iterdir()} == demo
+    # the pipeline's own checkpoint (params.yaml's train.save_dir) still writes reports/
+    shipped["train"]["save_dir"] = "models/mine"
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(shipped))
+    own = evaluate.main([f"data_dir={prepared}"])
+    assert own.metrics_file == "reports/metrics.json"
+    assert set(json.loads((tmp_path / "reports/metrics.json").read_text())) == {"dev", "test"}
+    capsys.readouterr()

@@ -43,14 +43,18 @@ def train_here(params: Path, *overrides: str) -> None:
 
 
 def train_params(tmp_path: Path, prepared: str, save_dir: Path, **train) -> Path:
-    """A params file with only a train section (every other key default)."""
+    """A params file with only a train section (every other key default): a textcnn unless
+    ``train`` names another model (then textcnn's own keys are left out: refused there)."""
+    textcnn = {
+        "embedding_dim": 64,
+        "num_filters": 64,
+        "dropout": 0.3,  # dropout on: its per-update seeding must survive the resume
+    }
     cfg = {
         "data_dir": prepared,
         "save_dir": str(save_dir),
         "model": "textcnn",
-        "embedding_dim": 64,
-        "num_filters": 64,
-        "dropout": 0.3,  # dropout on: its per-update seeding must survive the resume
+        **(textcnn if train.get("model", "textcnn") == "textcnn" else {}),
         "learning_rate": 1e-3,
         "batch_size": 8,
         "max_epoch": 2,
@@ -178,7 +182,7 @@ def test_resume_rules(real_subset, tmp_path, capsys):
     """resume=true on an empty dir starts fresh; a changed batch size or a model-only run is refused."""
     _, prepared = real_subset
     common = ["train.model=ngram_lr", "train.ngram_buckets=1009", "train.max_update=3"]
-    params = train_params(tmp_path, prepared, tmp_path / "run")
+    params = train_params(tmp_path, prepared, tmp_path / "run", model="ngram_lr")
     code, err = train_cli(capsys, params, "train.resume=true", *common)
     assert code == 0, err
     code, err = train_cli(capsys, params, "train.resume=true", "train.batch_size=16", *common)

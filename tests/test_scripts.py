@@ -30,7 +30,6 @@ def tiny(prepared: str, save_dir: str, **overrides) -> TrainConfig:
         data_dir=prepared,
         save_dir=save_dir,
         model="ngram_lr",
-        embedding_dim=16,
         ngram_buckets=1009,
         ngram_orders=[1, 2],
         batch_size=64,

@@ -236,30 +236,39 @@ def test_stsb_from_the_wheel(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-def test_stsb_whole_passes_prepro_with_the_corpus_settings(tmp_path: Path) -> None:
+def test_stsb_whole_prepares_as_shipped_with_one_warn_naming_the_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """The whole STS-B train file has one U+0012 (line 2920, where an apostrophe was):
-    prepro as shipped stops there, naming file and line; with the corpus's ``prepro``
-    settings (as the suite runs it) every pair is kept."""
+    prepro as shipped (``control_chars: strip_warn``) keeps every pair, removes it and says
+    so in one WARN naming file and line; ``control_chars=error`` still stops there."""
     from stages.registry import STAGES
     from xdpx.data.readers import DataError
 
     raw = tmp_path / "raw"
     materialize("stsb", str(raw), seed=1)
     params = load_params("params.yaml")
-    corpus = CORPORA["stsb"]
+    assert params.prepro.control_chars == "strip_warn"
     files = {s: f"{s}.tsv" for s in ("train", "dev", "test")}
     cfg = params.prepro.model_copy(
         update={
             "data_source": str(raw),
             "data_dir": str(tmp_path / "prepared"),
             "data_files": files,
-            **corpus.columns,
+            **CORPORA["stsb"].columns,
         }  # fmt: skip
     )
-    with pytest.raises(DataError, match=r"train.tsv:2920: control character \(U\+0012\)"):
-        STAGES["prepro"].run(cfg)
-    result = STAGES["prepro"].run(cfg.model_copy(update=corpus.prepro))
+    with caplog.at_level("WARNING", logger="xdpx.prepro"):
+        result = STAGES["prepro"].run(cfg)
     assert result.rows == {"train": 5749, "dev": 1500, "test": 1379}
+    warns = [r.getMessage() for r in caplog.records if "control character" in r.getMessage()]
+    assert len(warns) == 1, warns
+    assert "train: removed control characters from 1 row(s)" in warns[0]
+    assert f"{raw}/train.tsv:2920: U+0012 at character 9 (column 'text1')" in warns[0]
+    meta = json.loads((tmp_path / "prepared" / "meta.json").read_text())
+    assert [meta["splits"][s]["control_stripped"] for s in files] == [1, 0, 0]
+    with pytest.raises(DataError, match=r"train.tsv:2920: control character \(U\+0012\)"):
+        STAGES["prepro"].run(cfg.model_copy(update={"control_chars": "error"}))
 
 
 @pytest.mark.unit

@@ -76,20 +76,20 @@ def test_loss_decreases_and_beats_majority_on_real_subset(real_subset, tmp_path)
 @pytest.mark.parametrize(
     ("model", "extra"),
     [
-        ("textcnn", {}),
-        ("ngram_lr", {}),
+        ("textcnn", {"dropout": 0.0, "embedding_dim": 32, "num_filters": 16}),
+        ("ngram_lr", {"ngram_buckets": 5003}),
         # sparse gradients accumulated over micro-batches, then LazyAdamW
-        ("ngram_lr", {"loss": "squared_hinge", "optimizer": "lazy_adamw"}),
+        ("ngram_lr", {"ngram_buckets": 5003, "loss": "squared_hinge", "optimizer": "lazy_adamw"}),
     ],
 )
 @pytest.mark.integration
 def test_update_freq_equals_larger_batch(real_subset, tmp_path, model, extra):
-    """update_freq=4 x batch 8 == batch 32 (dropout off, fp32): same parameters within 1e-5."""
+    """update_freq=4 x batch 8 == batch 32 (dropout off, fp32): same parameters within 1e-5
+    (each model's own keys in ``extra``: another model's would be refused)."""
     _, prepared = real_subset
     common = dict(
         **extra,
         model=model,
-        dropout=0.0,
         max_update=6,
         eval_interval=1000,
         log_interval=1,
@@ -97,9 +97,6 @@ def test_update_freq_equals_larger_batch(real_subset, tmp_path, model, extra):
         # Adam divides by sqrt(v): a rounding-sized gradient (~1e-12) on a row the batch barely
         # touches would become a full lr-sized step of either sign; a larger eps bounds that.
         adam_eps=1e-6,
-        embedding_dim=32,
-        num_filters=16,
-        ngram_buckets=5003,
     )
     a = make_trainer(prepared, str(tmp_path / "a"), batch_size=8, update_freq=4, **common)
     b = make_trainer(prepared, str(tmp_path / "b"), batch_size=32, update_freq=1, **common)
@@ -184,7 +181,6 @@ def test_bf16_trains_on_cpu(real_subset, tmp_path):
         precision="bf16",
         max_update=4,
         eval_interval=4,
-        embedding_dim=16,
         ngram_buckets=1009,
     ).fit()
     assert result.num_updates == 4 and np.isfinite(result.best_score)

@@ -88,7 +88,7 @@ def write_project(root: Path, raw: str) -> None:
         "seed": 1,
         "space": {
             "train.learning_rate": {"type": "float", "values": ["1e-5", "1e-1"], "log": True},
-            "dropout": {"type": "categorical", "values": [0.0, 0.3]},
+            "ngram_dropout": {"type": "categorical", "values": [0.0, 0.3]},
         },
     }
     (root / "space.yaml").write_text(yaml.safe_dump(space))
@@ -134,7 +134,7 @@ def test_tune_prunes_writes_outputs_and_resumes_numbering(real_subset, tmp_path,
     # best_params.yaml is a params file: extends the base, holds the best trial's values
     best_cfg = load_stage_configs("train", str(out / "best_params.yaml"))[0][1]
     assert best_cfg.learning_rate == pytest.approx(study.best_trial.params["train.learning_rate"])
-    assert best_cfg.dropout == study.best_trial.params["train.dropout"]
+    assert best_cfg.ngram_dropout == study.best_trial.params["train.ngram_dropout"]
     assert best_cfg.ngram_buckets == 16384  # from the base params it extends
     for png in ("history.png", "intermediate.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -280,6 +280,12 @@ def bad_space(tmp_path: Path, space: dict, **top) -> str:
             "bad.yaml: unknown key 'n_trial'; did you mean 'n_trials'?",
         ),
         ({}, {}, "bad.yaml: space must map params keys to ranges"),
+        (  # the base's model (ngram_lr, the default) never reads dropout: every trial would fail
+            {"dropout": {"type": "categorical", "values": [0.3, 0.5]}},
+            {},
+            "bad.yaml: space.train.dropout=0.5 on the base params: params.yaml + overrides: "
+            "invalid train: train.dropout=0.5 does nothing for model=ngram_lr",
+        ),
         (
             {"learning_rate": {"type": "float", "values": [1e-4, 1e-2]}},
             {"params": "no/such/params.yaml"},

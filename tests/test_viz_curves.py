@@ -27,7 +27,6 @@ def runs(real_subset, tmp_path_factory):
     common = dict(
         data_dir=prepared,
         model="ngram_lr",
-        embedding_dim=16,
         ngram_buckets=1009,
         ngram_orders=[1, 2],
         eval_interval=-1,

@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,9 +45,10 @@ from safetensors.torch import save as st_save
 from torch import nn
 
 from xdpx import io, preflight
+from xdpx.config import ConfigError, StageArgs, load_stage_configs
 from xdpx.data import META_FILE, TARGET_MAP_FILE, VOCAB_FILE, PreparedMeta
 from xdpx.models import build_model, check_model_fits_data
-from xdpx.rundir import ALIASES, LAST, RunDir
+from xdpx.rundir import ALIASES, LAST, RunDir, unalias
 
 _log = logging.getLogger("xdpx.train")
 
@@ -385,3 +387,56 @@ def resume_path(cfg: Any) -> str | None:
     if path is None:
         _log.info("train.resume: nothing to resume in %s; starting a new run", cfg.save_dir)
     return path
+
+
+def beside_checkpoint(
+    section: str,
+    configs: list[tuple[str, Any]],
+    args: StageArgs,
+    beside: Callable[[Any], dict[str, str]],
+) -> list[tuple[str, Any]]:
+    """The configs of a stage that reads ``cfg.checkpoint``, with the output paths of an
+    ad-hoc run moved next to its checkpoint.
+
+    A run is ad hoc when its checkpoint (``<best>``/``<last>`` aliases compared as the
+    directories they name) differs from the one the same config file or params file gives
+    without the command-line overrides: the pipeline's, whose outputs (``reports/...``,
+    DVC outs) another model must not overwrite. Each output key that the overrides do not
+    set then takes ``beside(cfg)[key]`` (under the checkpoint's run directory, e.g.
+    ``models/mine/eval/metrics.json``); one they set is kept as given. Logged at INFO.
+
+    Args:
+        section: the stage's params section.
+        configs: ``load_stage_configs``' result for ``args``.
+        args: the parsed command line (config file, params file, overrides).
+        beside: ``cfg -> {output key: path next to cfg.checkpoint}``.
+
+    Returns:
+        ``configs``, an ad-hoc run's outputs moved; the pipeline's unchanged.
+    """
+    given = set()
+    for item in args.overrides:
+        path = item.split("=", 1)[0].strip()
+        if path.startswith(f"{section}."):
+            given.add(path.split(".", 1)[1])
+    try:
+        pipeline = load_stage_configs(section, args.config_file, [], args.params)
+    except ConfigError:  # the file alone does not load: no pipeline checkpoint to keep apart
+        pipeline = []
+    out = []
+    for i, (label, cfg) in enumerate(configs):
+        base = pipeline[min(i, len(pipeline) - 1)][1] if pipeline else None
+        if base is not None and unalias(cfg.checkpoint) == unalias(base.checkpoint):
+            out.append((label, cfg))
+            continue
+        update = {k: v for k, v in beside(cfg).items() if k not in given}
+        if update:
+            logging.getLogger(f"xdpx.{section}").info(
+                "%s: checkpoint %s is not the pipeline's (%s): writing next to it: %s",
+                section,
+                cfg.checkpoint,
+                None if base is None else base.checkpoint,
+                ", ".join(update.values()),
+            )
+        out.append((label, cfg.model_copy(update=update)))
+    return out

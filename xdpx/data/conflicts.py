@@ -165,7 +165,8 @@ def drop_rows(out_dir: str, piece: Any, mask: np.ndarray) -> None:
     """Rewrite ``piece``'s shards under ``out_dir/{split}/`` without the rows of ``mask``
     (``[rows]`` bool, True = drop), renumbering ``id`` (the row's index among the file's
     kept rows) and updating ``piece``'s ``rows``, ``shard_rows``, ``label_counts`` and row
-    records in place. Each shard is replaced atomically."""
+    records (those of :mod:`xdpx.data.overlaps` too) in place. Each shard is replaced
+    atomically."""
     keep = ~mask
     start, next_id = 0, 0
     for name, n in list(piece.shard_rows.items()):
@@ -191,3 +192,8 @@ def drop_rows(out_dir: str, piece: Any, mask: np.ndarray) -> None:
         piece.row_labels[keep],
         piece.row_lines[keep],
     )
+    if getattr(piece, "overlap_hashes", None) is not None:
+        piece.overlap_hashes, piece.overlap_lines = (
+            piece.overlap_hashes[keep],
+            piece.overlap_lines[keep],
+        )

@@ -44,7 +44,9 @@ class SplitMeta(BaseModel):
         None, description="Examples per class index (labelled rows only)."
     )
     control_stripped: int = Field(
-        0, ge=0, description="Rows whose control characters were removed (control_chars: strip)."
+        0,
+        ge=0,
+        description="Rows whose control characters were removed (control_chars: strip_warn or strip).",
     )
 
 
@@ -78,6 +80,12 @@ class PreparedMeta(BaseModel):
         None,
         description="Texts under two labels (xdpx.data.conflicts.Conflicts.report): action, "
         "texts, within (per split), across_train, rows, examples (file:line (label) pairs).",
+    )
+    overlaps: dict[str, dict[str, Any]] | None = Field(
+        None,
+        description="Texts shared by two splits (xdpx.data.overlaps.find_overlaps), per pair "
+        "'a~b': splits, exact, near (case, whitespace, punctuation), rows, distinct, "
+        "identical, examples (file:line pairs); None in data prepared before it was recorded.",
     )
     labels_missing: dict[str, list[str]] = Field(
         default_factory=dict,

@@ -4,9 +4,11 @@ Every malformed line raises :class:`DataError` with ``"{path}:{line}: {reason}"`
 (1-based physical line number, the reason names the offending field), unless
 ``cfg.skip_bad_lines`` is set, in which case it is skipped and counted.
 Completely empty lines (nothing but the line break) are ignored everywhere.
-A text holding a C0 control character other than tab, CR and LF (NUL, ESC, ...) is a bad
-line with ``prepro.control_chars: error`` (the default) and has them removed (the lines
-counted in ``ReadResult.control_stripped``) with ``strip``.
+A text holding a control character (Unicode Cc: C0 other than tab, CR and LF, DEL, C1) is
+handled by ``prepro.control_chars``: ``strip_warn`` (the default) removes them (the lines
+counted in ``ReadResult.control_stripped``, the first ones named in ``control_lines`` for
+prepro's WARN) but fails on a NUL, the sign of a binary or UTF-16 file; ``strip`` removes
+every one, NUL included; ``error`` makes any of them a bad line.
 """
 
 from __future__ import annotations
@@ -30,10 +32,12 @@ logger = logging.getLogger(__name__)
 
 #: How many skipped-line reasons :class:`ReadResult` keeps in ``bad_lines``.
 MAX_BAD_LINES = 10
-#: C0 control characters that are not whitespace a text may hold (tab, LF, CR): NUL, BEL,
-#: ESC, ... (Unicode category Cc below U+0020; DEL and C1 are left alone).
-CONTROL_CHARS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f]")
-_CONTROL_NAMES = {0: "NUL", 7: "BEL", 8: "BS", 0x0B: "VT", 0x0C: "FF", 0x1B: "ESC"}
+#: The control characters (Unicode category Cc) a text may not keep: C0 except the
+#: whitespace a text may hold (tab, LF, CR), DEL and C1 (U+0080-U+009F).
+CONTROL_CHARS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+_CONTROL_NAMES = {0: "NUL", 7: "BEL", 8: "BS", 0x0B: "VT", 0x0C: "FF", 0x1B: "ESC", 0x7F: "DEL"}
+#: How many stripped lines :class:`ReadResult` names in ``control_lines`` (prepro's WARN).
+MAX_CONTROL_LINES = 3
 
 
 class DataError(ValueError):
@@ -58,7 +62,9 @@ class ReadResult:
         line_numbers: ``[n]`` 1-based physical line number of each kept example.
         skipped: number of malformed lines skipped (``cfg.skip_bad_lines``).
         control_stripped: kept lines whose control characters were removed
-            (``cfg.control_chars: strip``).
+            (``cfg.control_chars: strip_warn`` or ``strip``).
+        control_lines: the first :data:`MAX_CONTROL_LINES` of them,
+            ``"path:line: U+0012 at character 9 (column 'text')"``.
         bad_lines: the first :data:`MAX_BAD_LINES` skip reasons (``"path:line: reason"``).
     """
 
@@ -71,6 +77,7 @@ class ReadResult:
     skipped: int = 0
     bad_lines: list[str] = field(default_factory=list)
     control_stripped: int = 0
+    control_lines: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -170,7 +177,10 @@ class _Collector:
                     f"label {label!r} (column {cfg.label_column!r}) is not in the target map {shown}"
                 )
         r = self.result
-        r.control_stripped += stripped
+        if stripped:
+            r.control_stripped += 1
+            if len(r.control_lines) < MAX_CONTROL_LINES:
+                r.control_lines.append(f"{self.path}:{line}: {stripped}")
         if self.keep_rows:
             assert raw is not None
             r.rows.append(raw)
@@ -181,23 +191,39 @@ class _Collector:
             r.labels.append(label or "")
         r.line_numbers.append(line)
 
-    def _clean(self, text: str, column: str | None) -> tuple[str, bool]:
-        """``text`` without its control characters (``control_chars: strip``), and whether
-        it had any; with ``error`` the first one fails the line, named with its position."""
+    def _clean(self, text: str, column: str | None) -> tuple[str, str]:
+        """``text`` without its control characters, and what was removed (the first one, its
+        position and column, ``"U+0012 at character 9 (column 'text')"``; ``""``: none).
+
+        Raises:
+            _LineError: ``control_chars: error`` and a control character, or
+                ``strip_warn`` and a NUL (named with its position); an empty text once
+                they are removed.
+        """
         found = CONTROL_CHARS.search(text)
         if found is None:
-            return text, False
-        if self.cfg.control_chars == "error":
-            code = ord(found.group())
+            return text, ""
+        mode = self.cfg.control_chars
+        nul = text.find("\x00") if mode == "strip_warn" else -1
+        if mode == "error" or nul >= 0:
+            at = found.start() if nul < 0 else nul
+            code = ord(text[at])
             name = _CONTROL_NAMES.get(code, "control character")
+            fix = (
+                "remove it, or set prepro.control_chars=strip_warn (strip it and warn) or strip"
+                if nul < 0
+                else "a NUL is the sign of a binary or UTF-16 file (re-save it as UTF-8); "
+                "prepro.control_chars=strip removes NULs too"
+            )
             raise _LineError(
-                f"{name} (U+{code:04X}) at character {found.start() + 1} of the text (column "
-                f"{column!r}); remove it, or set prepro.control_chars=strip"
+                f"{name} (U+{code:04X}) at character {at + 1} of the text (column {column!r}); "
+                + fix
             )
         cleaned = CONTROL_CHARS.sub("", text).strip()
         if not cleaned:
             raise _LineError(f"empty text after removing control characters (column {column!r})")
-        return cleaned, True
+        code = ord(found.group())
+        return cleaned, f"U+{code:04X} at character {found.start() + 1} (column {column!r})"
 
     @staticmethod
     def _text(value: Any, column: str | None, what: str) -> str:
@@ -568,6 +594,7 @@ def concat_results(chunks: Iterable[ReadResult]) -> ReadResult:
         result.line_numbers.extend(chunk.line_numbers)
         result.skipped += chunk.skipped
         result.control_stripped += chunk.control_stripped
+        result.control_lines = (result.control_lines + chunk.control_lines)[:MAX_CONTROL_LINES]
         room = MAX_BAD_LINES - len(result.bad_lines)
         result.bad_lines.extend(chunk.bad_lines[: max(room, 0)])
     return result

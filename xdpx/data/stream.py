@@ -40,9 +40,9 @@ from tqdm import tqdm
 
 from xdpx import io
 from xdpx.config import PreproConfig
-from xdpx.data.conflicts import text_hashes
 from xdpx.data.encoder import Encoder, parse_scores
-from xdpx.data.readers import MAX_BAD_LINES, DataError, iter_examples
+from xdpx.data.overlaps import overlap_hashes
+from xdpx.data.readers import MAX_BAD_LINES, MAX_CONTROL_LINES, DataError, iter_examples
 from xdpx.data.shards import NO_LABEL, shard_schema
 from xdpx.data.tokenizers import HFTokenizer, TokenBatch, make_tokenizer
 from xdpx.data.transliterate import make_transliterator
@@ -274,10 +274,17 @@ class FileShards:
         truncated: rows where a sequence was cut to ``max_len``.
         label_counts: ``[num_labels]`` examples per class (unlabelled rows not counted).
         has_labels: the file has a label column.
-        control_stripped: rows whose control characters were removed (``control_chars: strip``).
+        control_stripped: rows whose control characters were removed (``control_chars:
+            strip_warn`` or ``strip``); control_lines: the first of them
+            (:attr:`xdpx.data.readers.ReadResult.control_lines`).
         row_hashes, row_labels, row_lines: ``[rows]`` uint64 text hash
-            (:func:`xdpx.data.conflicts.text_hashes`), int32 label id and int64 line of each
-            row, for :func:`xdpx.data.conflicts.find_conflicts`; None for an unlabelled file.
+            (:func:`xdpx.data.conflicts.text_hashes`), int32 label id and uint32 line of each
+            row, for :func:`xdpx.data.conflicts.find_conflicts`; None for an unlabelled file
+            (the hashes and lines are those of ``overlap_hashes[:, 0]`` and ``overlap_lines``,
+            not copies).
+        overlap_hashes, overlap_lines: ``[rows, 2]`` uint64 hashes of each row's text as
+            read and normalised (:func:`xdpx.data.overlaps.overlap_hashes`) and ``[rows]``
+            uint32 lines, for :func:`xdpx.data.overlaps.find_overlaps` (every file).
         tokens, token_counts, label_names: set by :func:`tokenize_file` until
             :func:`remap_file`: the file's distinct tokens (the shards' ids index it; -1 is
             the unknown token), int64 occurrences of each, and its labels (``label_counts``,
@@ -296,9 +303,12 @@ class FileShards:
     label_counts: list[int] = field(default_factory=list)
     has_labels: bool = True
     control_stripped: int = 0
+    control_lines: list[str] = field(default_factory=list)
     row_hashes: np.ndarray | None = None
     row_labels: np.ndarray | None = None
     row_lines: np.ndarray | None = None
+    overlap_hashes: np.ndarray | None = None
+    overlap_lines: np.ndarray | None = None
     tokens: list[str] | None = None
     token_counts: np.ndarray | None = None
     label_names: list[str] | None = None
@@ -315,7 +325,7 @@ class _Encoded:
     labels: np.ndarray  # int32 [n], NO_LABEL where unlabelled
     max_seen: int
     truncated: int
-    hashes: np.ndarray | None = None  # uint64 [n] text hashes of a labelled chunk (conflicts)
+    overlap: np.ndarray  # uint64 [n, 2] exact and normalised text hashes (overlaps, conflicts)
 
 
 def _flat(seqs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -343,12 +353,8 @@ def _encode_chunk(
         y = np.full(len(texts), np.nan if score else NO_LABEL, np.float32 if score else np.int32)
     else:
         y = encoder.encode_labels(labels).astype(np.float32 if score else np.int32)
-    hashes = None  # hashed here, in the worker, when prepro.conflicts looks for them
-    if labels is not None and _conflicts_checked(
-        spec.prepro.get("conflicts"), spec.prepro.get("label_type", "class")
-    ):
-        hashes = text_hashes(texts, texts2)
-    return _chunk(values, offsets, full, second, y, encoder.max_len, hashes)
+    overlap = overlap_hashes(texts, texts2)  # hashed here, in the worker
+    return _chunk(values, offsets, full, second, y, encoder.max_len, overlap)
 
 
 def _conflicts_checked(conflicts: str | None, label_type: str) -> bool:
@@ -363,10 +369,11 @@ def _chunk(
     second: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
     labels: np.ndarray,
     max_len: int,
-    hashes: np.ndarray | None,
+    overlap: np.ndarray,
 ) -> _Encoded:
     """An :class:`_Encoded` chunk and its statistics; ``second`` is the second texts'
-    ``(values, offsets, full)``; ``hashes``: the texts' hashes for the conflicts check."""
+    ``(values, offsets, full)``; ``overlap``: the texts' exact and normalised hashes
+    (:func:`overlap_hashes`), for the overlaps and the conflicts checks."""
     longest = full if second is None else np.maximum(full, second[2])
     return _Encoded(
         values.astype(np.int32, copy=False),
@@ -376,7 +383,7 @@ def _chunk(
         labels,
         int(longest.max(initial=0)),
         int((longest > max_len).sum()),
-        hashes,
+        overlap,
     )
 
 
@@ -467,20 +474,20 @@ def _pass_file(
     counts = np.zeros(0, dtype=np.int64)
     record = _conflicts_checked(
         cfg.conflicts, cfg.label_type
-    )  # the row records of xdpx.data.conflicts
-    hashes: list[np.ndarray] = []
-    lines: list[np.ndarray] = []
+    )  # the row labels of xdpx.data.conflicts
     labels: list[np.ndarray] = []
+    overlaps: list[np.ndarray] = []  # every row's exact and normalised hashes, and its line
+    lines: list[np.ndarray] = []
 
     def jobs() -> Iterator[Any]:
         for chunk in iter_examples(out.source, cfg, require_label, allowed, cfg.chunk_rows):
             out.skipped += chunk.skipped
             out.bad_lines = (out.bad_lines + chunk.bad_lines)[:MAX_BAD_LINES]
             out.control_stripped += chunk.control_stripped
+            out.control_lines = (out.control_lines + chunk.control_lines)[:MAX_CONTROL_LINES]
             out.has_labels = chunk.labels is not None
             if len(chunk):
-                if record and out.has_labels:
-                    lines.append(np.asarray(chunk.line_numbers, dtype=np.int64))
+                lines.append(np.asarray(chunk.line_numbers, dtype=np.uint32))
                 yield job(chunk)
 
     with tqdm(desc=f"prepro {out.split} {_name(out.source)}", unit="row") as bar:
@@ -496,15 +503,16 @@ def _pass_file(
             if len(seen) > len(counts):
                 counts = np.pad(counts, (0, len(seen) - len(counts)))
             counts[: len(seen)] += seen
-            if enc.hashes is not None:
-                hashes.append(enc.hashes)
+            if record and out.has_labels:
                 labels.append(enc.labels)
+            overlaps.append(enc.overlap)
             bar.update(len(enc.labels))
     out.shard_rows = writer.close()
     out.label_counts = counts.tolist()
-    if record and out.has_labels:
-        out.row_hashes = np.concatenate(hashes) if hashes else np.zeros(0, np.uint64)
-        out.row_lines = np.concatenate(lines) if lines else np.zeros(0, np.int64)
+    out.overlap_hashes = np.concatenate(overlaps) if overlaps else np.zeros((0, 2), np.uint64)
+    out.overlap_lines = np.concatenate(lines) if lines else np.zeros(0, np.uint32)
+    if record and out.has_labels:  # the conflicts check's rows: views, not copies
+        out.row_hashes, out.row_lines = out.overlap_hashes[:, 0], out.overlap_lines
         out.row_labels = np.concatenate(labels) if labels else np.zeros(0, np.int32)
     for msg in out.bad_lines:
         log.warning("skipping bad line %s", msg)
@@ -556,11 +564,11 @@ def encode_file(
 
 
 def _tokenize_chunk(
-    job: tuple[tuple[str, bool, str | None, int, bool], list[str], list[str] | None],
-) -> tuple[TokenBatch, np.ndarray | None]:
+    job: tuple[tuple[str, bool, str | None, int], list[str], list[str] | None],
+) -> tuple[TokenBatch, np.ndarray]:
     """Worker: the :class:`TokenBatch` of a chunk's texts followed by its second texts, and
-    the texts' hashes for the conflicts check (or None)."""
-    (name, lower, translit, max_len, hash_rows), texts, texts2 = job
+    the texts' exact and normalised hashes (:func:`overlap_hashes`)."""
+    (name, lower, translit, max_len), texts, texts2 = job
 
     def build() -> tuple[Any, Any]:
         return make_tokenizer(name, lower), make_transliterator(translit)
@@ -568,7 +576,7 @@ def _tokenize_chunk(
     tokenizer, transliterate = _cached(("tok", name, lower, translit), build)
     both = texts + (texts2 or [])
     batch = tokenizer.tokenize_batch([transliterate(t) for t in both] if transliterate else both, max_len)  # fmt: skip
-    return batch, text_hashes(texts, texts2) if hash_rows else None
+    return batch, overlap_hashes(texts, texts2)
 
 
 def tokenize_file(
@@ -608,13 +616,7 @@ def tokenize_file(
         out_dir, "train", file_index, cfg.shard_size, cfg.text2_column is not None, scratch=True,
         score=score,
     )  # fmt: skip
-    key = (
-        tokenizer,
-        cfg.lower,
-        cfg.transliterate,
-        cfg.max_len,
-        _conflicts_checked(cfg.conflicts, cfg.label_type),
-    )
+    key = (tokenizer, cfg.lower, cfg.transliterate, cfg.max_len)
     index: dict[str, int] = {}
     label_index: dict[str, int] = {}
     counts = [np.zeros(1024, dtype=np.int64)]  # [token id] occurrences, grown by doubling
@@ -625,7 +627,7 @@ def tokenize_file(
         return key, chunk.texts, chunk.texts2
 
     def encode(jobs: Iterable[Any]) -> Iterator[_Encoded]:
-        for batch, hashes in ordered_map(_tokenize_chunk, jobs, executor):
+        for batch, overlap in ordered_map(_tokenize_chunk, jobs, executor):
             chunk = chunks.popleft()
             ids = np.fromiter(
                 (index.setdefault(t, len(index)) for t in batch.tokens), np.int32, len(batch.tokens)
@@ -645,7 +647,7 @@ def tokenize_file(
             yield _chunk(
                 first.values, first.offsets, first.full,
                 None if second is None else (second.values, second.offsets, second.full),
-                labels, cfg.max_len, hashes,
+                labels, cfg.max_len, overlap,
             )  # fmt: skip
 
     _pass_file(out, cfg, True, allowed_labels, writer, encode, job)

@@ -16,12 +16,16 @@ from __future__ import annotations
 import json
 import platform
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from xdpx import io
 from xdpx.config import ConfigError, Params, load_params
 from xdpx.doctor.checklist import Check, run_checklist
+
+if TYPE_CHECKING:
+    from xdpx.data.meta import PreparedMeta
 
 __all__ = ["Check", "run_checks", "write_report"]
 
@@ -90,19 +94,7 @@ def _data(params: Params) -> list[Check]:
                 f"at max_len {meta.max_len}",
             )
         )
-    train = hashes.get(params.train.train_subset, set())
-    for split, h in hashes.items():
-        if split == params.train.train_subset or not h:
-            continue
-        overlap = len(h & train)
-        out.append(
-            Check(
-                "warn" if overlap else "ok",
-                f"leakage[{split}]",
-                f"{overlap} of {len(h)} {split} {unit} also in {params.train.train_subset} "
-                "(identical token ids)",
-            )
-        )
+    out += _leakage(hashes, meta, params.train.train_subset, unit)
     if params.train.valid_subset not in splits:
         out.append(
             Check(
@@ -112,6 +104,52 @@ def _data(params: Params) -> list[Check]:
             )
         )
     return out
+
+
+def _leakage(
+    hashes: dict[str, set[bytes]], meta: PreparedMeta, train: str, unit: str
+) -> list[Check]:
+    """Texts shared by every pair of splits, by identical token ids: ``leakage[<split>]``
+    for a split against ``train`` (its texts also in train), ``leakage[<a>~<b>]`` for two
+    other splits (b's texts also in a). WARN on a shared text, or on near-duplicates that
+    prepro found worth a WARN (``meta.json`` ``overlaps``, shown with the count and the first
+    file:line pairs); FAIL when the two hold the same texts (the same file twice), naming
+    both files."""
+    from xdpx.data.overlaps import pair_key, worth_warning
+
+    order = ([train] if train in hashes else []) + [s for s in hashes if s != train]
+    recorded = meta.overlaps or {}
+    out = []
+    for i, a in enumerate(order):
+        for b in order[i + 1 :]:
+            h, seen = hashes[b], hashes[a]
+            if not h:
+                continue
+            shared = len(h & seen)
+            name = f"leakage[{b}]" if a == train else f"leakage[{pair_key(a, b)}]"
+            detail = f"{shared} of {len(h)} {b} {unit} also in {a} (identical token ids)"
+            entry = recorded.get(pair_key(a, b)) or recorded.get(pair_key(b, a))
+            if entry and entry["near"]:
+                detail += (
+                    f"; {entry['near']} near-duplicate(s) as read (case, whitespace, "
+                    f"punctuation), e.g. {'; '.join(e for e in entry['examples'] if ' ~ ' in e)}"
+                )
+            status = "warn" if shared or (entry is not None and worth_warning(entry)) else "ok"
+            if h == seen:
+                status = "fail"
+                detail = (
+                    f"{a} ({_sources(meta, a)}) and {b} ({_sources(meta, b)}) hold the same "
+                    f"{len(h)} {unit} (identical token ids): a score on {b} is a score on "
+                    f"{a}{', the training data' if a == train else ''}; give "
+                    f"prepro.data_files.{b} a file of its own"
+                )
+            out.append(Check(status, name, detail))
+    return out
+
+
+def _sources(meta: PreparedMeta, split: str) -> str:
+    source = meta.splits[split].source
+    return ", ".join(source) if isinstance(source, list) else str(source)
 
 
 def run_checks(
