@@ -35,12 +35,8 @@ DEFAULT = {
     "threads": 1,
 }
 
-#: A small textcnn (and the base of the other families' runs below).
+#: A short run of any model (the keys every model reads).
 COMMON = {
-    "model": "textcnn",
-    "embedding_dim": 32,
-    "num_filters": 16,
-    "dropout": 0.0,
     "learning_rate": 1e-3,
     "adam_eps": 1e-6,  # see test_update_freq_equals_larger_batch
     "max_update": 5,
@@ -179,7 +175,7 @@ def test_ddp_mlm_two_processes_equal_single_process(real_subset, tmp_path):
 #: prepared with MiniLM's tokenizer; ``pairs``: review pairs (tests/test_pairs.py). The
 #: single-text families also run with ``lazy_load`` (case ``<model>-lazy``). Dropout is off:
 #: under DDP each rank draws its own masks, so only the dropout-free update is the same.
-NO_DROPOUT = {**COMMON, "dropout": 0.0, "hidden_size": 16}
+SMALL = {**COMMON, "embedding_dim": 32, "dropout": 0.0}
 HF_TINY = {
     "hidden_size": 32,
     "num_hidden_layers": 1,
@@ -190,12 +186,12 @@ HF_TINY = {
 }
 FAMILIES = {
     "ngram_lr": ("single", DEFAULT),
-    "textcnn": ("single", NO_DROPOUT),
-    "bilstm": ("single", {**NO_DROPOUT, "model": "bilstm"}),
-    "hf_classifier": ("hf", {**NO_DROPOUT, "model": "hf_classifier", "hf_config": HF_TINY}),
+    "textcnn": ("single", {**SMALL, "model": "textcnn", "num_filters": 16}),
+    "bilstm": ("single", {**SMALL, "model": "bilstm", "hidden_size": 16}),
+    "hf_classifier": ("hf", {**COMMON, "model": "hf_classifier", "hf_config": HF_TINY}),
     "match_ngram": ("pairs", {**DEFAULT, "model": "match_ngram"}),
-    "match_esim": ("pairs", {**NO_DROPOUT, "model": "match_esim"}),
-    "siamese": ("pairs", {**NO_DROPOUT, "model": "siamese"}),
+    "match_esim": ("pairs", {**SMALL, "model": "match_esim", "hidden_size": 16}),
+    "siamese": ("pairs", {**SMALL, "model": "siamese", "hidden_size": 16}),
 }
 CASES = [*FAMILIES, *(f"{m}-lazy" for m, (data, _) in FAMILIES.items() if data != "pairs")]
 
