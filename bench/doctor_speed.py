@@ -84,22 +84,22 @@ def time_alignment(data_dir: str, threads: int) -> dict[str, float]:
     from sklearn.model_selection import StratifiedKFold, cross_val_predict
 
     from xdpx.config import TrainConfig
-    from xdpx.doctor import checklist
+    from xdpx.doctor import checks, data_checks
 
     torch.set_num_threads(threads)
-    p = checklist.Probe.open(TrainConfig(data_dir=data_dir, threads=threads))
+    p = checks.Probe.open(TrainConfig(data_dir=data_dir, threads=threads))
     try:
         p.data.set_epoch(1)
-        ids = np.sort(p.data.window(0, min(len(p.data), checklist.ALIGN_MAX_ROWS)))
+        ids = np.sort(p.data.window(0, min(len(p.data), data_checks.ALIGN_MAX_ROWS)))
         y, samples = p.data.labels(ids), p.data.samples(ids)
         out = {}
         for name, cap, clf in (
             ("lbfgs_logistic_regression", None, LogisticRegression(C=4.0, max_iter=1000)),
-            ("linear_svc", checklist.ALIGN_MAX_FEATURES, checklist.bag_classifier()),
+            ("linear_svc", data_checks.ALIGN_MAX_FEATURES, data_checks.bag_classifier()),
         ):
             start = time.perf_counter()
             vec = TfidfVectorizer(token_pattern=r"\S+", ngram_range=(1, 2), sublinear_tf=True, min_df=2, max_features=cap)  # fmt: skip
-            x = checklist.bag_features(vec, samples, fit=True)
+            x = data_checks.bag_features(vec, samples, fit=True)
             folds = StratifiedKFold(n_splits=3, shuffle=True, random_state=0)
             acc = float((cross_val_predict(clf, x, y, cv=folds) == y).mean())
             out[name] = round(time.perf_counter() - start, 2)

@@ -49,16 +49,19 @@ def read_tsv(path: Path) -> pd.DataFrame:
     return pd.read_csv(path, sep="\t", quoting=csv.QUOTE_NONE, keep_default_na=False, dtype=str)
 
 
-def report(data_dir: str, **train) -> dict:
-    """The checklist's findings by name (``threads=1``: tests share the cores)."""
-    checks = run_checklist(TrainConfig(data_dir=data_dir, threads=1, **train))
+def report(data_dir: str, learning: bool = False, **train) -> dict:
+    """The checklist's findings by name (``threads=1``: tests share the cores); the learning
+    check (two short trainings) only with ``learning``: the tests of one injected bug each
+    do not need it."""
+    skip = () if learning else ("learning",)
+    checks = run_checklist(TrainConfig(data_dir=data_dir, threads=1, **train), skip=skip)
     return {c.name: c for c in checks}
 
 
 def assert_clean(found: dict) -> None:
     bad = [c.line() for c in found.values() if c.status in ("warn", "fail")]
     assert not bad, "\n".join(bad)
-    assert set(found) >= {"model", *FAST, "overfit_batch"}
+    assert set(found) >= {"model", *FAST, "overfit_batch", "learning"}  # report(learning=True)
 
 
 # ---------------------------------------------------------------------------- clean setups
@@ -74,9 +77,11 @@ def assert_clean(found: dict) -> None:
 )
 def test_no_fail_and_no_warn_on_the_real_corpus(real_subset, train):
     _, prepared = real_subset
-    found = report(prepared, **train)
+    found = report(prepared, learning=True, **train)
     assert_clean(found)
     assert found["overfit_batch"].status == "ok"
+    if train.get("model", "ngram_lr") == "ngram_lr":  # the others may SKIP on a busy machine
+        assert found["learning"].status == "ok", found["learning"].line()
     assert "[PAD]x" in "\n".join(found["first_batch"].lines)  # padding visible
     assert "train.tsv:" in "\n".join(found["first_batch"].lines)  # next to the raw line
 
@@ -104,7 +109,7 @@ def pair_data(tmp_path_factory) -> str:
 
 
 def test_no_fail_and_no_warn_for_match_esim_on_a_pair_file(pair_data):
-    found = report(pair_data, model="match_esim")
+    found = report(pair_data, learning=True, model="match_esim")
     assert_clean(found)
     assert "decoded2:" in "\n".join(found["first_batch"].lines)
 
@@ -119,13 +124,28 @@ def test_no_fail_and_no_warn_for_minilm(real_subset, tmp_path):
         )
     )  # fmt: skip
     found = report(
-        out, model="hf_classifier", pretrained_model=MINILM, learning_rate=1e-4, batch_size=16
-    )
+        out, learning=True, model="hf_classifier", pretrained_model=MINILM, learning_rate=1e-4,
+        batch_size=16,
+    )  # fmt: skip
     assert_clean(found)
     assert "[CLS]" in "\n".join(found["first_batch"].lines)
 
 
 # ---------------------------------------------------------------------------- injected bugs
+def test_a_dropout_that_keeps_textcnn_from_learning_is_named_by_the_learning_check(real_subset):
+    """A slip nobody listed (issue 50): ``dropout=0.95`` on textcnn (dev 0.716 against 0.834 at
+    the default 0.3 on the whole corpus). Every single-cause check passes (overfit_batch
+    trains without dropout); the learning check trains the config as it is and compares it
+    with the model's defaults on the same rows."""
+    _, prepared = real_subset
+    found = report(prepared, learning=True, model="textcnn", dropout=0.95)
+    learning = found["learning"]
+    assert learning.status in ("warn", "fail"), learning.line()
+    assert "suspects: dropout=0.95" in learning.detail
+    assert "with textcnn's defaults for dropout it scores" in learning.detail
+    assert found["overfit_batch"].status == "ok"  # the single-cause check does not see it
+
+
 def test_a_labels_shuffled_against_texts(real_subset, tmp_path):
     raw, _ = real_subset
     shutil.copytree(raw, tmp_path / "raw")
@@ -332,7 +352,7 @@ def test_j_warmup_longer_than_the_budget(real_subset, warmup):
 def test_schedule_rules_on_made_up_schedules():
     """The WARN no shipped scheduler reaches within its own budget: an lr at ~0 long before
     the first evaluation; and the 10% floor."""
-    from xdpx.doctor.checklist import schedule_findings
+    from xdpx.doctor.optimization import schedule_findings
 
     cfg = TrainConfig()
     decayed = np.concatenate([np.ones(200), np.zeros(800)])  # 0 from update 201
@@ -352,11 +372,11 @@ def test_doctor_command_writes_the_json_report(real_subset, tmp_path, monkeypatc
     _, prepared = real_subset
     monkeypatch.chdir(tmp_path)
     Path("params.yaml").write_text(
-        f"train:\n  data_dir: {prepared}\n  model: textcnn\n  learning_rate: 0.1\n  threads: 1\n"
+        f"train:\n  data_dir: {prepared}\n  model: ngram_lr\n  learning_rate: 1.0\n  threads: 1\n"
     )
     result = CliRunner().invoke(app, ["doctor", "params.yaml", "train.update_freq=2", "--json"])
     assert result.exit_code == 0, result.output  # a WARN is not a failure
-    assert "WARN  learning_rate: train.learning_rate=0.1 is above" in result.stdout
+    assert "WARN  learning_rate: train.learning_rate=1 is above" in result.stdout
     assert "OK    reduction: 2 micro-batches" in result.stdout
     assert "checks in" in result.stdout
     doc = json.loads(Path("reports/doctor.json").read_text())

@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["CommStats", "SparseGradDDP", "unwrap"]
+__all__ = ["CommStats", "SparseGradDDP", "set_sparse_grad", "sync_gradients", "unwrap"]
 
 
 @dataclass
@@ -54,6 +54,30 @@ class CommStats:
     dense_table_bytes: int = 0
     dense_bytes: int = 0
     touched_rows: int = 0
+
+
+def set_sparse_grad(module: nn.Module, cfg: Any) -> bool:
+    """Switch a model with ``sparse_grad_tables`` (ngram_lr, match_ngram) to sparse gradients
+    for them when ``cfg.optimizer`` is ``lazy_adamw`` (the one rule:
+    :func:`xdpx.models.uses_sparse_grad`); ``xdpx.train.sampling.place`` calls it before
+    choosing DDP or :class:`SparseGradDDP`.
+
+    Returns:
+        whether the model's tables now get sparse gradients.
+    """
+    from xdpx.models import uses_sparse_grad
+
+    sparse = uses_sparse_grad(module, cfg.optimizer)
+    if sparse:
+        module.sparse_grad = True
+    return sparse
+
+
+def sync_gradients(model: nn.Module) -> CommStats | None:
+    """:meth:`SparseGradDDP.sync_gradients` when ``model`` is one (the trainer calls this once
+    per update, after the window's last backward); None for any other model (DDP reduces
+    inside the backward pass)."""
+    return model.sync_gradients() if isinstance(model, SparseGradDDP) else None
 
 
 def unwrap(model: nn.Module) -> nn.Module:

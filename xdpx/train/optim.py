@@ -20,7 +20,6 @@ __all__ = [
     "build_scheduler",
     "clip_grad_norm",
     "param_groups",
-    "set_sparse_grad",
     "warmup_updates",
 ]
 
@@ -168,32 +167,18 @@ def clip_grad_norm(params: Any, max_norm: float) -> torch.Tensor:
     return total
 
 
-def set_sparse_grad(module: nn.Module, cfg: Any) -> bool:
-    """Switch a model with ``sparse_grad_tables`` (ngram_lr, match_ngram) to sparse gradients
-    for them when ``cfg.optimizer`` is ``lazy_adamw`` (the one rule: the trainer calls it
-    before choosing DDP or :class:`xdpx.train.ddp.SparseGradDDP`).
-
-    Returns:
-        whether the model's tables now get sparse gradients.
-    """
-    from xdpx.models import uses_sparse_grad
-
-    sparse = uses_sparse_grad(module, cfg.optimizer)
-    if sparse:
-        module.sparse_grad = True
-    return sparse
-
-
 def build_optimizer(module: nn.Module, cfg: Any) -> torch.optim.Optimizer:
     """``AdamW`` over :func:`param_groups` with ``adam_betas``, ``adam_eps``, ``weight_decay``;
     :class:`LazyAdamW` with ``optimizer: lazy_adamw``, which also switches a model with
     ``sparse_grad_tables`` (ngram_lr, match_ngram) to sparse gradients for them
-    (:func:`set_sparse_grad`).
+    (:func:`xdpx.train.ddp.set_sparse_grad`).
 
     ``fused=True``: one kernel per step, several times faster than ``foreach`` on CPU for
     big embedding tables (measured on ngram_lr's hashed table).
     """
     if cfg.optimizer == "lazy_adamw":
+        from xdpx.train.ddp import set_sparse_grad
+
         set_sparse_grad(module, cfg)
         return LazyAdamW(
             param_groups(module, cfg),

@@ -70,7 +70,7 @@ def place(model: Any, cfg: Any) -> tuple[Any, Any, Any, int, int]:
     """Put ``model`` on ``cfg.device`` (``auto``: CUDA when available) and, under an
     initialised ``torch.distributed`` process group, wrap it in ``DistributedDataParallel``,
     or in :class:`xdpx.train.ddp.SparseGradDDP` when its tables get sparse gradients
-    (``model.sparse_grad``, set by :func:`xdpx.train.optim.set_sparse_grad`), which DDP's
+    (``model.sparse_grad``, set by :func:`xdpx.train.ddp.set_sparse_grad`), which DDP's
     reducer cannot bucket.
 
     Returns:
@@ -87,13 +87,14 @@ def place(model: Any, cfg: Any) -> tuple[Any, Any, Any, int, int]:
     rank = dist.get_rank() if distributed else 0
     if cfg.auto_ga and world_size > 1:
         raise ValueError("train.auto_ga works in a single process only (not under DDP)")
+    from xdpx.train.ddp import SparseGradDDP, set_sparse_grad
+
+    set_sparse_grad(model, cfg)  # sparse tables need SparseGradDDP instead of DDP
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     module = model.to(device)
     wrapped = module
     if world_size > 1 and getattr(module, "sparse_grad", False):
-        from xdpx.train.ddp import SparseGradDDP
-
         wrapped = SparseGradDDP(module)
     elif world_size > 1:
         wrapped = torch.nn.parallel.DistributedDataParallel(

@@ -70,7 +70,7 @@ class TrainSetup:
         (:func:`xdpx.models.build_for_training`); with ``resume_path`` the tables come from
         that checkpoint instead (its ``config.json`` supplies the sizes fitted then, and
         ``texts`` is not read). The trainer switches the tables to sparse gradients
-        (:attr:`sparse_grad`; :func:`xdpx.train.optim.set_sparse_grad`).
+        (:attr:`sparse_grad`; :func:`xdpx.train.ddp.set_sparse_grad`).
 
         Returns:
             ``(model, model_config, facts)``: the config that rebuilds the model (saved as

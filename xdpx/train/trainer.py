@@ -45,9 +45,8 @@ from xdpx.data.lazy import InMemoryData, LazySplit, TrainData
 from xdpx.inference import Batch, as_samples, call_model
 from xdpx.models import with_model_defaults
 from xdpx.rundir import BEST, LAST, RunDir
-from xdpx.train import diagnosis, optim
+from xdpx.train import ddp, diagnosis, optim
 from xdpx.train.callbacks import Callback, CallbackList, OnEval
-from xdpx.train.ddp import CommStats, SparseGradDDP
 from xdpx.train.diagnosis import find_nonfinite
 from xdpx.train.objectives import Objective, build_objective
 from xdpx.train.runlog import RunLog, progress_bar, train_row
@@ -94,7 +93,8 @@ class Trainer:
             logs (:class:`xdpx.train.runlog.RunLog`, rank 0).
 
     Under ``torch.distributed`` (initialised by the caller, e.g. ``stages.train`` under
-    torchrun) the model is wrapped in ``DistributedDataParallel``.
+    torchrun) the model is wrapped in ``DistributedDataParallel`` (``SparseGradDDP`` with
+    sparse gradients: :func:`xdpx.train.sampling.place`).
 
     Raises:
         ValueError: empty training split, or ``auto_ga`` under DDP (one rank cannot change
@@ -129,7 +129,6 @@ class Trainer:
         if objective is None:
             num_labels = model_config.get("num_labels")
             objective = build_objective(cfg, model, self.data, num_labels, pad_id)
-        optim.set_sparse_grad(model, cfg)  # before place(): sparse tables change the DDP wrapper
         # module: the bare model (eval, save, diagnose); model: DDP-wrapped under torchrun
         self.module, self.model, self.device, self.world_size, self.rank = place(model, cfg)
         self.objective = objective.to(self.device)
@@ -145,14 +144,11 @@ class Trainer:
         self.total_updates = total_updates(len(self.data), self.window_size, cfg)
         self.scheduler = optim.build_scheduler(self.optimizer, cfg, self.total_updates)
         self.amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(cfg.precision)
-        self.scaler = torch.amp.GradScaler(
-            self.device.type, init_scale=128.0, enabled=cfg.precision == "fp16"
-        )
+        self.scaler = torch.amp.GradScaler(self.device.type, init_scale=128.0, enabled=cfg.precision == "fp16")  # fmt: skip
         self.state = TrainState(micro_batch_size=cfg.batch_size)
         self.resumed_from: str | None = None
         self._auto_ga_logged = False
         self.stop_reason: str | None = None  # message of a StopTraining raised by a callback
-        self.comm: CommStats | None = None  # the last update's exchange under SparseGradDDP
 
     # ---------------------------------------------------------------- the loop
     def fit(self) -> TrainResult:
@@ -249,8 +245,7 @@ class Trainer:
                 self._auto_ga_logged = optim.halve_micro_batch(
                     st, cfg.auto_ga, self.optimizer, oom, len(local), self._auto_ga_logged
                 )
-        if isinstance(self.model, SparseGradDDP):  # DDP reduces in the last backward; this here
-            self.comm = self.model.sync_gradients()
+        ddp.sync_gradients(self.model)  # SparseGradDDP's exchange (DDP's is in the backward)
         stats = [loss_sum, correct]
         if self.world_size > 1:
             t = torch.tensor(stats, dtype=torch.float64, device=self.device)
