@@ -166,6 +166,10 @@ class Augmenter:
         """The tokens the operations act on (prepro's tokenizer, case kept)."""
         return self._tok.tokenize(text)
 
+    def plain(self, text: str) -> str:
+        """The text as a copy without any operation gives it (its tokens joined)."""
+        return self._join.join(self.tokens(text))
+
     def copy(self, text: str, index: int, copy: int, side: int = 0) -> str:
         """Copy ``copy`` of text number ``index`` (``side`` 1: the second text of a pair).
 
