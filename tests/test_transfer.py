@@ -26,7 +26,7 @@ def _read(path: str) -> pd.DataFrame:
 @pytest.fixture(scope="module")
 def small(real_subset, tmp_path_factory):
     """60 train rows of the real subset (raw tsv) and 25 unlabelled texts in a directory of
-    two files (dev rows, their label column kept: it must be ignored)."""
+    two files (dev rows with their label column, filled in b.tsv, empty in a.tsv: ignored)."""
     raw, _ = real_subset
     root = tmp_path_factory.mktemp("transfer")
     lines = open(f"{raw}/train.tsv", encoding="utf-8").read().splitlines()
@@ -34,7 +34,8 @@ def small(real_subset, tmp_path_factory):
     dev = open(f"{raw}/dev.tsv", encoding="utf-8").read().splitlines()
     (root / "unl").mkdir()
     (root / "unl" / "b.tsv").write_text("\n".join([dev[0], *dev[1:16]]) + "\n", encoding="utf-8")
-    (root / "unl" / "a.tsv").write_text("\n".join([dev[0], *dev[16:26]]) + "\n", encoding="utf-8")
+    empty_labels = [r.rsplit("\t", 1)[0] + "\t" for r in dev[16:26]]  # "text<TAB>": no label
+    (root / "unl" / "a.tsv").write_text("\n".join([dev[0], *empty_labels]) + "\n", encoding="utf-8")
     shutil.copy(f"{raw}/dev.tsv", root / "dev.tsv")
     return root
 

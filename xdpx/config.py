@@ -754,7 +754,7 @@ class DistillConfig(_Section):
     unlabelled: str | None = Field(
         None,
         description="In-domain texts without labels (a file, or a directory whose files are "
-        "read in name order), in prepro's format; a label column there is ignored; null = none.",
+        "read in name order), in prepro's format; a header's label column is ignored; null = none.",
     )
     augment_copies: int = Field(
         20,

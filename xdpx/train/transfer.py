@@ -14,7 +14,7 @@ rows, whatever the file sizes):
    label); then, for each of them in turn, ``augment_copies`` copies (``augment``, copy
    ``c`` of text ``i``: :meth:`xdpx.data.augment.Augmenter.copy`; a pair's two texts are
    augmented each, as sides 0 and 1); then every kept row of the ``unlabelled`` file(s)
-   (``unlabelled``; a label column there is ignored).
+   (``unlabelled``; a label column named in their header is ignored, empty or not).
 2. :func:`label_transfer_set` (``python -m xdpx.train.transfer label``) runs the teacher
    checkpoint over every row (eager, ``batch_size`` at a time, as ``stages.predict``) and
    writes ``distill.labelled_file``: ``id``, the text column(s), the label column (the gold
@@ -180,8 +180,8 @@ def build_transfer_set(cfg: DistillConfig, prepro: PreproConfig) -> TransferResu
     unchanged = 0
     next_id = 0
 
-    def rows_of(path: str, require_label: bool) -> Iterator[tuple[list[str], list[str] | None, list[str] | None]]:  # fmt: skip
-        for chunk in iter_examples(path, prepro, require_label, None, cfg.chunk_rows):
+    def rows_of(path: str, require_label: bool, pp: PreproConfig = prepro) -> Iterator[tuple[list[str], list[str] | None, list[str] | None]]:  # fmt: skip
+        for chunk in iter_examples(path, pp, require_label, None, cfg.chunk_rows):
             if chunk.skipped:
                 log.warning("%s: skipped %d bad lines (prepro.skip_bad_lines)", path, chunk.skipped)
             yield chunk.texts, chunk.texts2, chunk.labels
@@ -220,8 +220,9 @@ def build_transfer_set(cfg: DistillConfig, prepro: PreproConfig) -> TransferResu
                     unchanged += same
             index += len(texts)
             write(out, out2, [""] * len(out), "augment")
+        no_label = prepro.model_copy(update={"label_column": "\x00"})  # a header's label: ignored
         for path in unlabelled:
-            for texts, texts2, _ in rows_of(path, False):
+            for texts, texts2, _ in rows_of(path, False, no_label):
                 write(texts, texts2, [""] * len(texts), "unlabelled")
     if counts["train"] == 0:
         raise DataError(f"{cfg.train_file}: no training rows")
