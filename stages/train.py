@@ -33,7 +33,7 @@ from xdpx.pretrained import report_loading
 from xdpx.rundir import RunDir
 from xdpx.stage import stage_main
 from xdpx.train.bundle import finish_run_info, write_bundle
-from xdpx.train.distill import load_teacher_logits
+from xdpx.train.distill import load_teacher
 from xdpx.train.launch import init_distributed, relaunch_if_asked
 from xdpx.train.mlm import write_pretrained
 from xdpx.train.objectives import build_objective
@@ -87,7 +87,7 @@ def run(
         CheckpointError: the checkpoint to resume from is missing, partial or corrupt.
         ValueError: the checkpoint was trained with an incompatible config.
         DataError: ``distill_from`` is unreadable or not aligned with the training split
-            (``xdpx.train.distill.load_teacher_logits``: names the file and line).
+            (``xdpx.train.distill.load_teacher``: names the file and line).
         PreflightError: ``preflight_doctor`` is on and a check failed (nothing written).
     """
     setup = check(cfg)
@@ -130,7 +130,7 @@ def _train(
     if valid is None:
         log.warning("no %r split in %s: no evaluation, best = last", cfg.valid_subset, cfg.data_dir)
     teacher = (
-        load_teacher_logits(cfg.distill_from, cfg.data_dir, cfg.train_subset, train, meta)
+        load_teacher(cfg.distill_from, cfg.data_dir, cfg.train_subset, train, meta)
         if cfg.distill_from
         else None
     )
@@ -154,8 +154,10 @@ def _train(
         len(valid) if valid is not None else 0,
     )
     objective = build_objective(
-        cfg, model, data, model_config.get("num_labels"), meta.pad_id, teacher, setup.masker,
+        cfg, model, data, model_config.get("num_labels"), meta.pad_id,
+        teacher.logits if teacher is not None else None, setup.masker,
         write_pretrained=lambda _: write_pretrained(cfg, meta),
+        teacher_gold=teacher.gold if teacher is not None else None,
     )  # fmt: skip
     trainer = Trainer(
         model,

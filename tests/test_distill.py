@@ -248,3 +248,46 @@ def test_config_rules(real_subset, tmp_path):
             data_dir=real_subset[1], save_dir=str(tmp_path / "s"), distill_from="nope.tsv"
         )
         train.check(cfg)
+
+
+@pytest.mark.unit
+def test_rows_without_a_gold_label_take_the_kl_term_alone_by_hand():
+    """loss = (1-a) CE + a T^2 KL on gold rows, T^2 KL on the others (a hand computation)."""
+    s = torch.tensor([[1.0, 3.0], [0.5, -0.5], [2.0, 0.0]])
+    t = torch.tensor([[2.0, 0.0], [0.0, 0.0], [-1.0, 1.0]])
+    y = torch.tensor([1, 0, 0])  # row 2's label is the teacher's: it must not count
+    gold = np.array([True, True, False])
+    T, a = 2.0, 0.25
+
+    def sm(u, v):
+        p = 1 / (1 + math.exp(v - u))
+        return [p, 1 - p]
+
+    kl = []
+    for (s0, s1), (t0, t1) in zip(s.tolist(), t.tolist(), strict=True):
+        p, q = sm(t0 / T, t1 / T), sm(s0 / T, s1 / T)
+        kl.append(sum(pi * math.log(pi / qi) for pi, qi in zip(p, q, strict=True)))
+    ce = [-math.log(sm(1.0, 3.0)[1]), -math.log(sm(0.5, -0.5)[0])]
+    want = (1 - a) * sum(ce) + a * T * T * (kl[0] + kl[1]) + T * T * kl[2]
+    loss, ce_t, kl_t = distill_loss(s, y, t, a, T, torch.from_numpy(gold))
+    assert loss.item() == pytest.approx(want, rel=1e-6)
+    assert ce_t.item() == pytest.approx(sum(ce), rel=1e-6)
+    assert kl_t.item() == pytest.approx(sum(kl), rel=1e-6)
+    # all gold: the same as without a mask (the existing path)
+    all_gold = distill_loss(s, y, t, a, T, torch.ones(3, dtype=torch.bool))[0]
+    assert all_gold.item() == pytest.approx(distill_loss(s, y, t, a, T)[0].item(), rel=1e-6)
+    # through the objective: sample ids pick the teacher rows and their gold flags
+    cfg = TrainConfig(model="textcnn", distill_from="x", distill_alpha=a, distill_temperature=T)
+    obj = Distillation(cfg, np.array([[9.0, 9.0], *t.tolist()]), 4, np.array([True, *gold]))
+    got = obj.loss(s, y, np.array([1, 2, 3]))
+    assert got.item() == pytest.approx(want, rel=1e-6)
+    with pytest.raises(ValueError, match=r"gold must be \[4\]"):
+        Distillation(cfg, np.zeros((4, 2)), 4, np.ones(3, dtype=bool))
+
+
+@pytest.mark.unit
+def test_a_gold_value_other_than_0_or_1_names_file_and_line(tmp_path):
+    g = tmp_path / "g.tsv"
+    g.write_text("id\ttext\tgold\tlogit_a\tlogit_b\n0\tx\t2\t0.1\t0.2\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"g\.tsv:2: gold='2' is not 0 or 1"):
+        read_teacher_file(str(g), ["a", "b"], "text")

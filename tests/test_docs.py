@@ -25,6 +25,7 @@ DERIVED = {
     "predict.checkpoint",
     "export.checkpoint",
     "export.out_dir",
+    "distill.train_file",
 }
 
 

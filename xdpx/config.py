@@ -31,6 +31,7 @@ __all__ = [
     "PredictConfig",
     "ExportConfig",
     "CVConfig",
+    "DistillConfig",
     "Params",
     "SECTIONS",
     "RUN_SECTIONS",
@@ -741,6 +742,92 @@ class CVConfig(_Section):
     overwrite: bool = Field(False, description="Replace a save_dir that holds a CV run.")
 
 
+class DistillConfig(_Section):
+    """``distill``: a distillation transfer set and its teacher labels (Tang et al. 2019).
+
+    Not a DAG stage: ``python -m xdpx.train.transfer build|label`` (docs/trainer.md,
+    distillation). ``build`` writes ``out_file``: the train file's rows, then
+    ``augment_copies`` augmented copies of each (:mod:`xdpx.data.augment`), then the
+    ``unlabelled`` texts; ``label`` adds the ``teacher``'s logits to every row in
+    ``labelled_file``, which is both the student's train file and its ``train.distill_from``.
+    The files are read with the ``prepro`` section's format and column names.
+    """
+
+    train_file: str = Field(
+        "${prepro.data_source}/train.tsv",
+        description="The labelled training file whose texts are copied and augmented.",
+    )
+    unlabelled: str | None = Field(
+        None,
+        description="In-domain texts without labels (a file, or a directory whose files are "
+        "read in name order), in prepro's format; a header's label column is ignored; null = none.",
+    )
+    augment_copies: int = Field(
+        20,
+        ge=0,
+        description="Augmented copies per train text (Tang et al. 2019: n_iter 20 on SST-2).",
+    )
+    tokenizer: Literal["auto", "char", "word"] = Field(
+        "auto",
+        description="Tokens the augmentation acts on: char (every character) or word; auto = "
+        "prepro.tokenizer when it is char or word, else by prepro's auto rule on the train texts.",
+    )
+    p_mask: float = Field(
+        0.1, ge=0, le=1, description="Per token: replace by mask_token (Tang et al. 2019: 0.1)."
+    )
+    p_ng: float = Field(
+        0.25,
+        ge=0,
+        le=1,
+        description="Per copy: cut to a random n-gram, n uniform in 1..ngram_max (Tang et al. 2019: 0.25).",
+    )
+    ngram_max: int = Field(
+        5, ge=1, description="Largest n of n-gram sampling (Tang et al. 2019: 5)."
+    )
+    p_drop: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Per token: drop it; null = 0.1 for char (EDA, Wei and Zou 2019), 0 for word.",
+    )
+    p_swap: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Per token: swap it with the next; null = 0.1 for char (EDA), 0 for word.",
+    )
+    mask_token: str = Field(
+        "[MASK]", description="What a masked token becomes (BERT's mask token)."
+    )
+    seed: int = Field(
+        1, description="Copy c of text i (pair side s) draws from default_rng([seed, i, c, s])."
+    )
+    chunk_rows: int = Field(
+        10_000, ge=1, description="Rows read, augmented or labelled and written at a time."
+    )
+    out_file: str = Field(
+        "data/transfer/transfer.tsv",
+        description="The transfer set: id, text column(s), label (empty where none), origin.",
+    )
+    teacher: str = Field(
+        "models/teacher/<best>",
+        description="Checkpoint (dir or alias) that labels the transfer set.",
+    )
+    labelled_file: str = Field(
+        "data/transfer/labelled.tsv",
+        description="The transfer set with the teacher's logits (local path; resumable): the "
+        "student's train file and train.distill_from.",
+    )
+    batch_size: int = Field(256, ge=1, description="Teacher inference batch size.")
+
+    @model_validator(mode="after")
+    def _rates_sum(self) -> DistillConfig:
+        total = self.p_mask + (self.p_drop or 0.0) + (self.p_swap or 0.0)
+        if total > 1.0:
+            raise ValueError(f"p_mask + p_drop + p_swap must be <= 1, got {total}")
+        return self
+
+
 SECTIONS: dict[str, type[_Section]] = {
     "fetch": FetchConfig,
     "prepro": PreproConfig,
@@ -749,10 +836,11 @@ SECTIONS: dict[str, type[_Section]] = {
     "predict": PredictConfig,
     "export": ExportConfig,
     "cv": CVConfig,
+    "distill": DistillConfig,
 }
 #: Sections that are not DAG stages (no dvc.yaml stage, no ``stages.registry.STAGES`` entry):
-#: runs built on the stages, e.g. ``cv`` (``xdpx cv``).
-RUN_SECTIONS = ("cv",)
+#: runs built on the stages, e.g. ``cv`` (``xdpx cv``), ``distill`` (``xdpx.train.transfer``).
+RUN_SECTIONS = ("cv", "distill")
 
 
 class Params(BaseModel):
@@ -766,6 +854,7 @@ class Params(BaseModel):
     predict: PredictConfig = Field(default_factory=PredictConfig)
     export: ExportConfig = Field(default_factory=ExportConfig)
     cv: CVConfig = Field(default_factory=CVConfig)
+    distill: DistillConfig = Field(default_factory=DistillConfig)
 
 
 def _suggest(word: str, options: list[str]) -> str:
@@ -1107,6 +1196,7 @@ OUTPUT_KEYS = {
     "predict": "out_file",
     "export": "out_dir",
     "cv": "save_dir",
+    "distill": "out_file",
 }
 
 

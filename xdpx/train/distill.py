@@ -13,7 +13,11 @@ kept row of the predicted file, in file order:
   whitespace-stripped as prepro reads them;
 * with ``predict.concat_origin`` the other input columns (e.g. ``label``);
 * ``pred_label``, then ``prob_<label>`` (softmax probabilities) and
-  ``logit_<label>`` (raw logits) for every label, at full float32 precision.
+  ``logit_<label>`` (raw logits) for every label, at full float32 precision;
+* optionally ``gold`` (``1``/``0``): whether the row's training label is a gold label. The
+  labelled transfer set (:mod:`xdpx.train.transfer`) has it; rows with ``0`` carry the
+  teacher's own prediction as their label (so prepro takes them) and are trained on the
+  KL term alone. Without the column every row is gold.
 
 **Alignment.** The student needs the teacher's outputs for its *training*
 split, so the teacher predicts the train split's raw file
@@ -34,7 +38,9 @@ section 2)::
 
 summed over the samples (the trainer normalises the sum by the window size,
 as for plain cross-entropy). ``T^2`` keeps the soft term's gradient scale
-independent of ``T``.
+independent of ``T``. A sample without a gold label (``gold`` 0) takes ``alpha = 1``:
+``T^2 * KL`` alone (Tang et al. 2019 train on the teacher's outputs wherever there is no
+gold label).
 """
 
 from __future__ import annotations
@@ -57,17 +63,21 @@ __all__ = [
     "ID_COLUMN",
     "PROB_PREFIX",
     "LOGIT_PREFIX",
+    "GOLD_COLUMN",
+    "Teacher",
     "TeacherFile",
     "distill_kl",
     "distill_loss",
     "teacher_rows",
     "read_teacher_file",
+    "load_teacher",
     "load_teacher_logits",
 ]
 
 ID_COLUMN = "id"
 PROB_PREFIX = "prob_"
 LOGIT_PREFIX = "logit_"
+GOLD_COLUMN = "gold"
 
 
 # ---------------------------------------------------------------------- loss
@@ -95,6 +105,7 @@ def distill_loss(
     teacher_logits: torch.Tensor,
     alpha: float,
     temperature: float,
+    gold: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Hinton et al. (2015): ``(1 - alpha) * CE + alpha * T^2 * KL``, each summed over the batch.
 
@@ -104,14 +115,27 @@ def distill_loss(
         teacher_logits: ``[batch, num_labels]``.
         alpha: weight of the soft term in [0, 1].
         temperature: ``T`` > 0.
+        gold: ``[batch]`` bool, or None (every sample gold). A sample with False has no gold
+            label: its loss is ``T^2 * KL`` (alpha 1 for it) and its label is not used.
 
     Returns:
         ``(loss, ce, kl)``: scalars summed over the batch; ``ce`` is the plain
-        cross-entropy with the labels, ``kl`` the KL term before weighting.
+        cross-entropy with the labels (of the gold samples), ``kl`` the KL term before
+        weighting (of every sample).
     """
-    ce = F.cross_entropy(student_logits.float(), labels, reduction="sum")
-    kl = distill_kl(student_logits, teacher_logits, temperature)
-    return (1.0 - alpha) * ce + (alpha * temperature * temperature) * kl, ce, kl
+    if gold is None:
+        ce = F.cross_entropy(student_logits.float(), labels, reduction="sum")
+        kl = distill_kl(student_logits, teacher_logits, temperature)
+        return (1.0 - alpha) * ce + (alpha * temperature * temperature) * kl, ce, kl
+    g = gold.to(device=student_logits.device, dtype=torch.float32)
+    ce_rows = F.cross_entropy(student_logits.float(), labels, reduction="none")
+    log_q = F.log_softmax(student_logits.float() / temperature, dim=-1)
+    log_p = F.log_softmax(teacher_logits.detach().float() / temperature, dim=-1)
+    kl_rows = F.kl_div(log_q, log_p, reduction="none", log_target=True).sum(-1)
+    weight = g * alpha + (1.0 - g)  # alpha on gold rows, 1 on the others
+    ce = (g * ce_rows).sum()
+    loss = (1.0 - alpha) * ce + temperature * temperature * (weight * kl_rows).sum()
+    return loss, ce, kl_rows.sum()
 
 
 # ---------------------------------------------------------------------- writing
@@ -178,6 +202,7 @@ class TeacherFile:
             (``log p`` when the file has only probabilities).
         lines: ``[n]`` 1-based line of each row (for messages).
         from_probs: True when the logits were recovered from probabilities.
+        gold: ``[n]`` bool from the ``gold`` column, or None when the file has none.
     """
 
     path: str
@@ -187,6 +212,21 @@ class TeacherFile:
     logits: np.ndarray
     lines: list[int]
     from_probs: bool
+    gold: np.ndarray | None = None
+
+
+@dataclass
+class Teacher:
+    """The teacher's outputs aligned with a training split (:func:`load_teacher`).
+
+    Attributes:
+        logits: ``[n, num_labels]`` float32, row ``k`` for sample ``k``.
+        gold: ``[n]`` bool (False: the sample's label is not gold, it trains on the KL term
+            alone), or None when every label is gold.
+    """
+
+    logits: np.ndarray
+    gold: np.ndarray | None = None
 
 
 def _records(path: str) -> Iterator[tuple[int, list[str]]]:
@@ -216,7 +256,8 @@ def read_teacher_file(
     Raises:
         DataError: missing file, no header, a missing column, teacher labels that differ
             from the student's, a row with the wrong number of fields, a non-numeric,
-            non-finite or (probabilities) out-of-range score; each names the file and line.
+            non-finite or (probabilities) out-of-range score, a ``gold`` value other than
+            0 or 1; each names the file and line.
     """
     if not io.exists(path):
         raise DataError(f"train.distill_from: {path} not found")
@@ -250,6 +291,8 @@ def read_teacher_file(
         )
     score_cols = [col[f"{prefix}{lab}"] for lab in labels]
     id_col = col.get(ID_COLUMN)
+    gold_col = col.get(GOLD_COLUMN)
+    gold: list[bool] | None = [] if gold_col is not None else None
     ids: list[int] | None = [] if id_col is not None else None
     texts: list[str] = []
     texts2: list[str] | None = [] if text2_column else None
@@ -280,6 +323,11 @@ def read_teacher_file(
                 raise DataError(
                     f"{path}:{line}: {ID_COLUMN}={fields[id_col]!r} is not an integer"  # type: ignore[index]
                 ) from None
+        if gold is not None:
+            flag = fields[gold_col].strip()  # type: ignore[index]
+            if flag not in ("0", "1"):
+                raise DataError(f"{path}:{line}: {GOLD_COLUMN}={flag!r} is not 0 or 1")
+            gold.append(flag == "1")
         texts.append(fields[col[text_column]].strip())
         if texts2 is not None:
             texts2.append(fields[col[text2_column]].strip())  # type: ignore[index]
@@ -289,14 +337,24 @@ def read_teacher_file(
     if from_probs:
         arr = np.log(np.clip(arr, np.finfo(np.float64).tiny, None))
     return TeacherFile(
-        path, ids, texts, texts2, arr.astype(np.float32), lines, from_probs=from_probs
-    )
+        path, ids, texts, texts2, arr.astype(np.float32), lines, from_probs=from_probs,
+        gold=np.asarray(gold, dtype=bool) if gold is not None else None,
+    )  # fmt: skip
 
 
 def load_teacher_logits(
     path: str, data_dir: str, split: str, data: SplitData, meta: PreparedMeta | None = None
 ) -> np.ndarray:
-    """Teacher logits aligned with the samples of ``split``, after checking the alignment.
+    """Teacher logits aligned with the samples of ``split``: :func:`load_teacher`'s ``logits``
+    (same arguments, same checks and errors)."""
+    return load_teacher(path, data_dir, split, data, meta).logits
+
+
+def load_teacher(
+    path: str, data_dir: str, split: str, data: SplitData, meta: PreparedMeta | None = None
+) -> Teacher:
+    """Teacher logits (and gold flags) aligned with the samples of ``split``, after checking
+    the alignment.
 
     Args:
         path: the teacher file (``train.distill_from``).
@@ -306,7 +364,8 @@ def load_teacher_logits(
         meta: ``data_dir``'s meta.json when the caller has read it (else read here).
 
     Returns:
-        ``[n, num_labels]`` float32, row ``k`` = the teacher's logits for sample ``k``.
+        :class:`Teacher`: ``logits`` ``[n, num_labels]`` float32, row ``k`` = the teacher's
+        logits for sample ``k``; ``gold`` ``[n]`` bool from the file's ``gold`` column, or None.
 
     Raises:
         DataError: the file cannot be read (:func:`read_teacher_file`), has another
@@ -359,11 +418,12 @@ def load_teacher_logits(
             f"made on another file or in another order; {fix}"
         )
     log.info(
-        "distill_from %s: %d teacher rows aligned with split %r (%s)%s",
+        "distill_from %s: %d teacher rows aligned with split %r (%s)%s%s",
         path,
         n,
         split,
         source,
         "; logits recovered as log p" if teacher.from_probs else "",
+        f"; {int(teacher.gold.sum())} with a gold label" if teacher.gold is not None else "",
     )
-    return teacher.logits
+    return Teacher(teacher.logits, teacher.gold)

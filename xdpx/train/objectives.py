@@ -158,29 +158,46 @@ class Distillation(Classification):
     Args:
         cfg: the ``train`` section.
         teacher_logits: ``[n_train, num_labels]``, row ``i`` for sample id ``i``
-            (:func:`xdpx.train.distill.load_teacher_logits`).
+            (:func:`xdpx.train.distill.load_teacher`).
         n: training samples.
+        gold: ``[n_train]`` bool, False for a sample without a gold label (a transfer-set
+            row labelled by the teacher alone: KL term only); None = all gold.
 
     Raises:
-        ValueError: ``teacher_logits`` is not ``[n, num_labels]``.
+        ValueError: ``teacher_logits`` is not ``[n, num_labels]`` or ``gold`` not ``[n]``.
     """
 
-    def __init__(self, cfg: Any, teacher_logits: np.ndarray | torch.Tensor, n: int) -> None:
+    def __init__(
+        self,
+        cfg: Any,
+        teacher_logits: np.ndarray | torch.Tensor,
+        n: int,
+        gold: np.ndarray | None = None,
+    ) -> None:
         super().__init__(cfg)
         if teacher_logits.ndim != 2 or len(teacher_logits) != n:
             raise ValueError(
                 f"teacher_logits must be [{n}, num_labels], got {tuple(teacher_logits.shape)}"
             )
+        if gold is not None and gold.shape != (n,):
+            raise ValueError(f"gold must be [{n}], got {tuple(gold.shape)}")
         self.teacher_logits = torch.as_tensor(teacher_logits, dtype=torch.float32)
+        self.gold = None if gold is None else torch.as_tensor(gold, dtype=torch.bool)
 
     def to(self, device: torch.device) -> Distillation:
         self.teacher_logits = self.teacher_logits.to(device)
+        if self.gold is not None:
+            self.gold = self.gold.to(device)
         return self
 
     def loss(self, logits: torch.Tensor, y: torch.Tensor, idx: np.ndarray) -> torch.Tensor:
-        teacher = self.teacher_logits[torch.from_numpy(idx).to(logits.device)]
+        rows = torch.from_numpy(idx).to(logits.device)
+        teacher = self.teacher_logits[rows]
+        gold = self.gold[rows] if self.gold is not None else None
         cfg = self.cfg
-        loss, ce, kl = distill_loss(logits, y, teacher, cfg.distill_alpha, cfg.distill_temperature)
+        loss, ce, kl = distill_loss(
+            logits, y, teacher, cfg.distill_alpha, cfg.distill_temperature, gold
+        )
         xlog.add_summary("distill_ce", ce / len(idx))
         xlog.add_summary("distill_kl", kl / len(idx))
         return loss
@@ -323,6 +340,7 @@ def build_objective(
     teacher_logits: np.ndarray | None = None,
     masker: MaskedLM | None = None,
     write_pretrained: Callable[[str], None] | None = None,
+    teacher_gold: np.ndarray | None = None,
 ) -> Objective:
     """The objective of the ``train`` section: masked LM with a ``masker``, distillation with
     ``teacher_logits``, :class:`Regression` with ``task: regression``, else classification
@@ -334,7 +352,8 @@ def build_objective(
         data: the training data; num_labels: classes (None: from the train labels);
         pad_id: padding id; teacher_logits: ``[n_train, num_labels]`` or None;
         masker: ``task: mlm``'s masker or None; write_pretrained: see
-        :class:`MaskedLMObjective`.
+        :class:`MaskedLMObjective`; teacher_gold: ``[n_train]`` bool or None (see
+        :class:`Distillation`).
 
     Raises:
         ValueError: ``teacher_logits`` of the wrong shape.
@@ -344,7 +363,7 @@ def build_objective(
     if masker is not None:
         objective = MaskedLMObjective(masker, write_pretrained)
     elif teacher_logits is not None:
-        objective = Distillation(cfg, teacher_logits, len(data))
+        objective = Distillation(cfg, teacher_logits, len(data), teacher_gold)
     elif cfg.task == "regression":
         objective = Regression()
     else:
