@@ -282,12 +282,13 @@ def test_freelb_fp16_on_cuda(real_subset, tmp_path):
 def test_freelb_under_ddp_equals_one_process(real_subset, tmp_path):
     """2 processes x batch 4 x update_freq 2 == 1 process x batch 16 with K=3 passes per
     micro-batch (zero ball): the K passes' gradients are synced once and normalised exactly."""
-    from test_distributed import assert_same_weights, train
+    from test_distributed import FAMILIES, assert_same_weights, train
 
     _, prepared = real_subset
     adv = dict(adv="freelb", adv_steps=3, adv_init_mag=0.0, adv_max_norm=1e-12)
-    single = train(tmp_path, prepared, "single", 1, batch_size=16, **adv)
-    ddp = train(tmp_path, prepared, "ddp", 2, batch_size=4, update_freq=2, **adv)
+    textcnn = FAMILIES["textcnn"][1]  # a small dropout-free textcnn
+    single = train(tmp_path, prepared, "single", 1, textcnn, batch_size=16, **adv)
+    ddp = train(tmp_path, prepared, "ddp", 2, textcnn, batch_size=4, update_freq=2, **adv)
     assert_same_weights(single, ddp)
     a, b = (pd.read_csv(r / "train.log.tsv", sep="\t") for r in (single, ddp))
     np.testing.assert_allclose(b["grad_norm"], a["grad_norm"], rtol=1e-4)

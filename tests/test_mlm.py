@@ -238,7 +238,7 @@ def test_update_freq_splits_an_mlm_window_exactly(real_subset, tmp_path):
     for name, (bs, uf) in {"one": (16, 1), "two": (8, 2)}.items():
         params = lp(
             str(_mlm_params(tmp_path, prepared, tmp_path / name, batch_size=bs, update_freq=uf,
-                            max_update=6, dropout=0.0, hf_config={**TINY_BERT, "hidden_dropout_prob": 0.0,
+                            max_update=6, hf_config={**TINY_BERT, "hidden_dropout_prob": 0.0,
                                                                    "attention_probs_dropout_prob": 0.0})),
         )  # fmt: skip
         train_stage.run(params.train)
@@ -248,7 +248,7 @@ def test_update_freq_splits_an_mlm_window_exactly(real_subset, tmp_path):
     # lazy_load on a one-shard split reads the same windows: the same masks, bit for bit
     params = lp(
         str(_mlm_params(tmp_path, prepared, tmp_path / "lazy", batch_size=16, max_update=6,
-                        dropout=0.0, lazy_load=True, hf_config={**TINY_BERT, "hidden_dropout_prob": 0.0,
+                        lazy_load=True, hf_config={**TINY_BERT, "hidden_dropout_prob": 0.0,
                                                                 "attention_probs_dropout_prob": 0.0})),
     )  # fmt: skip
     train_stage.run(params.train)

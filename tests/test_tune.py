@@ -156,7 +156,7 @@ def test_tune_prunes_writes_outputs_and_resumes_numbering(real_subset, tmp_path,
     assert "created to maximize" in wrong.output and "minimize" in wrong.output
     assert len(optuna.load_study(study_name="lr", storage=storage).trials) == 10
     # the trials' set-up step runs once before the study: a pair model on single texts
-    misfit = xdpx("tune", "space.yaml", "-n", "1", "train.model=match_esim")
+    misfit = xdpx("tune", "space.yaml", "-n", "1", "train.model=match_ngram")
     assert misfit.exit_code == 2 and "is a pair model" in misfit.output, misfit.output
     assert len(optuna.load_study(study_name="lr", storage=storage).trials) == 10
 

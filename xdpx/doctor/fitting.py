@@ -125,12 +125,12 @@ def _accuracy(model: torch.nn.Module, p: Probe, ids: np.ndarray, device: Any) ->
 
 
 #: Learning settings the control run resets to the model's defaults (the others shape the
-#: model's tables and stay the user's in the control).
+#: model's tables, or are the budget, ``max_epoch``, and stay the user's in the control).
 CONTROL_KEYS = (
     "learning_rate", "dropout", "ngram_dropout", "weight_decay", "batch_size", "update_freq",
     "lr_scheduler", "warmup_steps", "warmup_ratio", "clip_norm", "loss", "optimizer",
     "class_weight", "precision", "head_learning_rate", "layerwise_lr_decay",
-    "freeze_embeddings", "adam_betas", "adam_eps", "max_epoch", "adv",
+    "freeze_embeddings", "adam_betas", "adam_eps", "adv",
 )  # fmt: skip
 
 
