@@ -81,16 +81,30 @@ def _kill_node(proc: subprocess.Popen) -> None:
     psutil.wait_procs(tree[1:], timeout=30)  # the root is ours: Popen reaps it (its -9)
 
 
-def test_two_nodes_equal_one_process_with_twice_the_batch(real_subset, tmp_path):
+#: The default config for 100 updates, lazily loaded, a full checkpoint every 10 updates
+#: (what a resume needs) and the sample ids of every update logged.
+LONGER = {"max_update": 100, "save_interval": 10, "save_full_checkpoint": True, "log_sample_ids": True, "lazy_load": True}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def whole(real_subset, tmp_path_factory) -> tuple[Path, list[Path]]:
+    """Two nodes trained without interruption (:data:`LONGER`, batch 8 each); returns the run
+    directory and the node directories."""
     _, prepared = real_subset
-    extra = {"log_sample_ids": True, "lazy_load": True}  # each rank reads its shards lazily
-    single = train(tmp_path, prepared, "single", 1, batch_size=16, **extra)
-    run = tmp_path / "shared" / "run"
-    nodes = _nodes(tmp_path, prepared, run, batch_size=8, **extra)
+    root = tmp_path_factory.mktemp("whole")
+    run = root / "shared" / "run"
+    nodes = _nodes(root, prepared, run, batch_size=8, **LONGER)
     port = _free_port()
-    procs = [_start(node, port, "equal") for node in nodes]
+    procs = [_start(node, port, "whole") for node in nodes]
     errs = _finish(procs)
     assert [p.returncode for p in procs] == [0, 0], "\n".join(e[-2000:] for e in errs)
+    return run, nodes
+
+
+def test_two_nodes_equal_one_process_with_twice_the_batch(whole, real_subset, tmp_path):
+    _, prepared = real_subset
+    run, nodes = whole
+    single = train(tmp_path, prepared, "single", 1, batch_size=16, **LONGER)
     assert_same_weights(single, run)
     for log in ("samples.log.tsv", "valid.log.tsv"):
         assert (run / log).read_text() == (single / log).read_text(), log
@@ -103,12 +117,11 @@ def test_two_nodes_equal_one_process_with_twice_the_batch(real_subset, tmp_path)
 
 
 def test_killing_one_node_then_restarting_both_with_resume_ends_as_uninterrupted(
-    real_subset, tmp_path
+    whole, real_subset, tmp_path
 ):
     _, prepared = real_subset
-    longer = {"max_update": 100, "save_interval": 10, "save_full_checkpoint": True, "log_sample_ids": True}  # fmt: skip
     run = tmp_path / "shared" / "run"
-    nodes = _nodes(tmp_path, prepared, run, batch_size=8, **longer)
+    nodes = _nodes(tmp_path, prepared, run, batch_size=8, **LONGER)
     port = _free_port()
     procs = [_start(node, port, "first") for node in nodes]
     state = run / "last" / "trainer_state.json"
@@ -132,12 +145,8 @@ def test_killing_one_node_then_restarting_both_with_resume_ends_as_uninterrupted
     errs = _finish(procs)
     assert [p.returncode for p in procs] == [0, 0], "\n".join(e[-2000:] for e in errs)
     # the same two nodes, never interrupted
-    whole = tmp_path / "whole"
-    port = _free_port()
-    procs = [_start(node, port, "whole") for node in _nodes(whole, prepared, whole / "run", batch_size=8, **longer)]  # fmt: skip
-    errs = _finish(procs)
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(e[-2000:] for e in errs)
-    assert_same_weights(whole / "run", run)
+    uninterrupted = whole[0]
+    assert_same_weights(uninterrupted, run)
     for log in ("samples.log.tsv", "valid.log.tsv", "train.log.tsv"):
-        assert (run / log).read_text() == (whole / "run" / log).read_text(), log
+        assert (run / log).read_text() == (uninterrupted / log).read_text(), log
     assert json.loads((run / "repro.json").read_text())["resumed_from"].endswith("last")
