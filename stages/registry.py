@@ -58,7 +58,8 @@ class Stage:
 
     @property
     def check(self) -> Callable[[Any], Any] | None:
-        """``check(cfg) -> cfg``: the pre-flight checks (raise on bad input); None: it has none."""
+        """``check(cfg) -> cfg``: the pre-flight checks (raise on bad input), returning what
+        ``run`` takes (``train``: its :class:`xdpx.train.setup.TrainSetup`); None: it has none."""
         return getattr(self.module, "check", None)
 
     @property
