@@ -104,14 +104,20 @@ LEARN_MAX_ROWS = 1000
 MIN_FIT_ROWS = 300
 
 
+def model_defaults(model: str) -> TrainConfig:
+    """The ``train`` section at every default for ``model``, with ``learning_rate``, ``loss``
+    and ``optimizer`` as ``null``/``auto`` resolve for it
+    (:func:`xdpx.models.with_model_defaults`); not validated (no data_dir)."""
+    base = TrainConfig.model_construct(model=model, learning_rate=None, loss="auto", optimizer="auto")  # fmt: skip
+    return with_model_defaults(base)
+
+
 def suspect_settings(cfg: TrainConfig) -> list[str]:
     """``key=value`` of the :data:`LEARNING_KEYS` the model reads whose value differs from
-    the model's default (``learning_rate``, ``loss`` and ``optimizer`` as ``null``/``auto``
-    resolve for it: :func:`xdpx.models.with_model_defaults`)."""
+    the model's default (:func:`model_defaults`)."""
     from xdpx.model_configs import reads
 
-    base = TrainConfig.model_construct(model=cfg.model, learning_rate=None, loss="auto", optimizer="auto")  # fmt: skip
-    default = with_model_defaults(base)
+    default = model_defaults(cfg.model)
     return [
         f"{key}={getattr(cfg, key)}"
         for key in LEARNING_KEYS
@@ -229,8 +235,7 @@ def check_learning(p: Probe, max_seconds: float = 8.0) -> Check:
     if acc - majority >= (reference - majority) / 2 or reference - acc <= 3 * se:
         return Check("ok", "learning", what)
     suspects = suspect_settings(p.cfg)
-    base = TrainConfig.model_construct(model=p.cfg.model, learning_rate=None, loss="auto", optimizer="auto")  # fmt: skip
-    default = with_model_defaults(base)
+    default = model_defaults(p.cfg.model)
     reset = {k: getattr(default, k) for k in CONTROL_KEYS if getattr(p.cfg, k) != getattr(default, k)}  # fmt: skip
     if not reset:
         return Check("skip", "learning", f"{what}: below the reference, but every learning setting is {p.cfg.model}'s default (a model that needs more rows than the doctor's budget gives it; no suspect to name)")  # fmt: skip

@@ -105,7 +105,6 @@ class SparseGradDDP(nn.Module):
             raise RuntimeError("SparseGradDDP needs an initialised torch.distributed group")
         self.module = module
         self.world_size = dist.get_world_size()
-        self.last_stats = CommStats()
         with torch.no_grad():  # every rank starts from rank 0's weights and tables (as DDP)
             for t in [*module.parameters(), *module.buffers()]:
                 dist.broadcast(t.data, src=0)
@@ -126,11 +125,11 @@ class SparseGradDDP(nn.Module):
         gradient on some rank only gets zeros for the others (as DDP's unused parameters).
 
         Returns:
-            the :class:`CommStats` of this exchange (also kept as ``last_stats``).
+            the :class:`CommStats` of this exchange.
         """
         params = [p for p in self.module.parameters() if p.requires_grad]
         if not params:
-            return self.last_stats
+            return CommStats()
         # per parameter: 0 no gradient, 1 dense, 2 sparse; the max over ranks says how to join
         kind = [0 if p.grad is None else 2 if p.grad.is_sparse else 1 for p in params]
         kinds = torch.tensor(kind, dtype=torch.int32, device=params[0].device)
@@ -153,7 +152,6 @@ class SparseGradDDP(nn.Module):
             for g, synced in zip(dense, torch._utils._unflatten_dense_tensors(flat, dense), strict=True):  # fmt: skip
                 g.copy_(synced)
             stats.dense_bytes = flat.numel() * flat.element_size()
-        self.last_stats = stats
         return stats
 
     def _gather_sparse(self, grad: torch.Tensor, stats: CommStats) -> torch.Tensor:

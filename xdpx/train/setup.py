@@ -4,8 +4,9 @@
 a :class:`TrainSetup`: the config with its model-dependent defaults made concrete
 (``learning_rate``, ``loss``, ``optimizer``: :func:`xdpx.models.with_model_defaults`), the
 checks that the model fits the data and the task fits the labels, the model's constructor
-arguments (:func:`xdpx.models.model_config_from`) and whether its hashed tables train with
-sparse gradients (which also picks the DDP wrapper: :mod:`xdpx.train.ddp`).
+arguments (:func:`xdpx.models.model_config_from`). The resolved ``optimizer`` decides whether
+the hashed tables train with sparse gradients, and so the DDP wrapper
+(:func:`xdpx.train.ddp.set_sparse_grad`).
 :meth:`TrainSetup.build` then builds the model and fits its tables to the training texts.
 
 ``stages.train`` (its pre-flight and its run), ``xdpx doctor`` (:mod:`xdpx.doctor`),
@@ -29,7 +30,6 @@ from xdpx.models import (
     build_for_training,
     check_model_fits_data,
     model_config_from,
-    uses_sparse_grad,
     with_model_defaults,
 )
 
@@ -46,8 +46,6 @@ class TrainSetup:
         meta: the prepared data's ``meta.json``, read once.
         model_config: the model's constructor arguments before its tables are fitted to
             the data (``config.json`` gets :meth:`build`'s).
-        sparse_grad: the model's hashed tables get sparse gradients (:func:`xdpx.models.uses_sparse_grad`);
-            under DDP they are exchanged by :class:`xdpx.train.ddp.SparseGradDDP`.
         masker: ``task: mlm``'s :class:`xdpx.train.mlm.MaskedLM` over the data's vocabulary
             (None for the other tasks).
     """
@@ -55,7 +53,6 @@ class TrainSetup:
     cfg: TrainConfig
     meta: PreparedMeta
     model_config: dict[str, Any]
-    sparse_grad: bool
     masker: Any = None
 
     @property
@@ -69,8 +66,9 @@ class TrainSetup:
         """Build the model (init by ``cfg.seed``) and fit its tables to ``texts``
         (:func:`xdpx.models.build_for_training`); with ``resume_path`` the tables come from
         that checkpoint instead (its ``config.json`` supplies the sizes fitted then, and
-        ``texts`` is not read). The trainer switches the tables to sparse gradients
-        (:attr:`sparse_grad`; :func:`xdpx.train.ddp.set_sparse_grad`).
+        ``texts`` is not read). The trainer switches the tables to sparse gradients when
+        ``cfg.optimizer`` (resolved here) is ``lazy_adamw``
+        (:func:`xdpx.train.ddp.set_sparse_grad`).
 
         Returns:
             ``(model, model_config, facts)``: the config that rebuilds the model (saved as
@@ -135,5 +133,4 @@ def resolve(
         masker = masker_for(cfg)
         if masker.mask_id >= meta.vocab_size:  # own vocabulary: [MASK] appended
             model_config["vocab_size"] = masker.mask_id + 1
-    sparse = uses_sparse_grad(cfg.model, cfg.optimizer)
-    return TrainSetup(cfg, meta, model_config, sparse, masker)
+    return TrainSetup(cfg, meta, model_config, masker)
