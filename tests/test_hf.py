@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -78,6 +79,22 @@ def test_logits_ignore_padding_and_config_rebuilds_the_model():
         assert torch.equal(model(ids), rebuilt(ids))
     cfg = model.saved_config()
     assert cfg["pretrained_model"] is None and cfg["hf_config"]["hidden_size"] == 32
+
+
+@pytest.mark.unit
+def test_inference_sorted_by_length_gives_input_order_logits(hf_data):
+    """HF models are scored in length order (less padding); rows come back in input order,
+    equal to scoring each text alone."""
+    from xdpx.data import load_split
+    from xdpx.inference import predict_logits
+
+    seqs = list(load_split(hf_data[1], "dev").input_ids[:40])
+    assert len({len(s) for s in seqs}) > 5  # real texts of many lengths
+    model = _tiny()
+    assert model.length_sorted_inference
+    got = predict_logits(model, seqs, batch_size=8)
+    alone = np.concatenate([predict_logits(model, [s], batch_size=1) for s in seqs])
+    np.testing.assert_allclose(got, alone, atol=1e-5)
 
 
 @pytest.mark.unit

@@ -14,7 +14,7 @@ from xdpx.config import TrainConfig
 from xdpx.data import load_split
 from xdpx.errors import DivergenceError, NonFiniteLossError
 from xdpx.models import build_model, model_config_from
-from xdpx.train.sampling import epoch_order
+from xdpx.train.sampling import epoch_order, length_grouped
 from xdpx.train.trainer import Trainer
 
 
@@ -142,6 +142,26 @@ def test_epoch_order_depends_only_on_seed_and_epoch():
     assert np.array_equal(epoch_order(100, 1, 3), epoch_order(100, 1, 3))
     assert not np.array_equal(epoch_order(100, 1, 3), epoch_order(100, 1, 4))
     assert sorted(epoch_order(100, 1, 3)) == list(range(100))
+
+
+@pytest.mark.unit
+def test_length_grouped_sorts_each_megabatch_and_keeps_the_epoch(real_subset):
+    """group_by_length on real token lengths: the same ids, each run of `megabatch` sorted
+    longest first, and batches cut from it pad far less than random ones."""
+    _, prepared = real_subset
+    lengths = np.array([len(s) for s in load_split(prepared, "train").input_ids])
+    order = epoch_order(len(lengths), 1, 1)
+    grouped = length_grouped(order, lengths, 50 * 8)
+    assert sorted(grouped) == sorted(order)
+    for i in range(0, len(order), 400):
+        assert set(grouped[i : i + 400]) == set(order[i : i + 400])  # only within a run
+        assert np.all(np.diff(lengths[grouped[i : i + 400]]) <= 0)
+
+    def padded(o):
+        return sum(lengths[o[i : i + 8]].max() * len(o[i : i + 8]) for i in range(0, len(o), 8))
+
+    assert padded(grouped) < 0.8 * padded(order)
+    assert np.array_equal(length_grouped(order, lengths, 1), order)
 
 
 @pytest.mark.integration

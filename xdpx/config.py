@@ -258,6 +258,12 @@ class TrainConfig(_Section):
         "ahead) instead of whole: memory does not grow with the corpus. Shard order by "
         "(seed, epoch), rows by (seed, epoch, shard); one shard = the in-memory order.",
     )
+    group_by_length: bool = Field(
+        False,
+        description="Order each epoch in runs of 50 update windows sorted by length, so a "
+        "padded batch holds texts of similar length (transformers' group_by_length): "
+        "transformer fine-tuning pads less and runs faster; the same texts per epoch.",
+    )
     model: ModelName = Field(
         "ngram_lr",
         description="ngram_lr (logistic regression over hashed TF-IDF n-grams), textcnn, bilstm, "
@@ -550,6 +556,10 @@ class TrainConfig(_Section):
             raise ValueError(
                 "distill_from needs the whole train split in memory (teacher logits are "
                 "aligned by row); set lazy_load=false"
+            )
+        if self.lazy_load and self.group_by_length:
+            raise ValueError(
+                "group_by_length sorts the whole epoch by length in memory; set lazy_load=false"
             )
         if self.warmup_steps and self.warmup_ratio:
             raise ValueError("set warmup_steps or warmup_ratio, not both")

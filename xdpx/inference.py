@@ -111,20 +111,35 @@ def predict_logits(
 ) -> np.ndarray:
     """Logits for every sample, in input order, with the model in eval mode.
 
+    A model whose padding is masked out (``model.length_sorted_inference``: the transformers
+    of :mod:`xdpx.models.hf`) is run on the samples sorted by length, so each batch pads to
+    about its own texts' length (a 2-3x saving on skewed lengths); the rows are put back in
+    input order. Other models (a CNN max-pools over its padding) keep input-order batches.
+
     Returns:
         ``[n, num_labels]`` float32 array.
+
+    Raises:
+        ValueError: ``seqs`` is empty.
     """
+    if not len(seqs):
+        raise ValueError("predict_logits got no sequences")
     was_training = model.training
     model.eval()
     min_len = getattr(model, "min_len", 1)
+    order = np.arange(len(seqs))
+    if getattr(model, "length_sorted_inference", False):
+        lengths = [sum(map(len, s)) if isinstance(s, tuple) else len(s) for s in seqs]
+        order = np.argsort(lengths, kind="stable")
     chunks = []
     for i in range(0, len(seqs), batch_size):
-        x = to_device(pad_batch(seqs[i : i + batch_size], pad_id, min_len), device)
+        batch = [seqs[j] for j in order[i : i + batch_size]]
+        x = to_device(pad_batch(batch, pad_id, min_len), device)
         chunks.append(call_model(model, x).float().cpu().numpy())
     model.train(was_training)
-    if not chunks:
-        raise ValueError("predict_logits got no sequences")
-    return np.concatenate(chunks)
+    out = np.empty((len(seqs), chunks[0].shape[1]), dtype=np.float32)
+    out[order] = np.concatenate(chunks)
+    return out
 
 
 def predict_probs(

@@ -157,7 +157,7 @@ TRAINER_KEYS: dict[str, tuple[str, ...]] = {
 #: :func:`key_readers` (tests/test_config.py checks it, so a new key cannot go unclassified).
 GENERIC_KEYS: tuple[str, ...] = (
     "data_dir", "save_dir", "overwrite", "auto_suffix", "task", "train_subset", "valid_subset",
-    "lazy_load", "model", "batch_size", "update_freq", "max_epoch", "max_update",
+    "lazy_load", "group_by_length", "model", "batch_size", "update_freq", "max_epoch", "max_update",
     "learning_rate", "loss", "optimizer", "weight_decay", "adam_betas", "adam_eps",
     "lr_scheduler", "warmup_steps", "warmup_ratio", "no_decay", "distill_from", "distill_alpha",
     "distill_temperature", "class_weight", "clip_norm", "precision", "device", "eval_interval",

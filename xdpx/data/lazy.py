@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from xdpx import io
 from xdpx.data.shards import SplitData, flat_column, label_array, split_flat, split_shards
 from xdpx.data.shards import load_split as _load_split  # open_train_split
-from xdpx.train.sampling import epoch_order, shard_epoch_order
+from xdpx.train.sampling import epoch_order, length_grouped, shard_epoch_order
 
 __all__ = ["TrainData", "InMemoryData", "LazyData", "LazySplit", "open_train_split"]
 
@@ -87,9 +87,23 @@ class InMemoryData(TrainData):
         self._labels = labels.astype(np.float32 if labels.dtype.kind == "f" else np.int64)
         self.n, self.seed = len(samples), seed
         self._order: np.ndarray | None = None
+        self._lengths: np.ndarray | None = None
+        self._megabatch = 0
+
+    def group_by_length(self, megabatch: int) -> None:
+        """Order each epoch with :func:`xdpx.train.sampling.length_grouped` in runs of
+        ``megabatch`` ids (``train.group_by_length``); call before :meth:`set_epoch`."""
+        self._lengths = np.array(
+            [sum(len(part) for part in s) if isinstance(s, tuple) else len(s) for s in self._samples],
+            dtype=np.int64,
+        )
+        self._megabatch = megabatch
 
     def set_epoch(self, epoch: int) -> None:
-        self._order = epoch_order(self.n, self.seed, epoch)
+        order = epoch_order(self.n, self.seed, epoch)
+        if self._lengths is not None:
+            order = length_grouped(order, self._lengths, self._megabatch)
+        self._order = order
 
     def window(self, pos: int, size: int) -> np.ndarray:
         assert self._order is not None, "set_epoch first"

@@ -160,6 +160,9 @@ class HFClassifier(nn.Module):
         self.pair = pair and sep_id is not None
         self.use_token_types = self.pair and getattr(self.hf.config, "type_vocab_size", 0) >= 2
         self.min_len = 1
+        # padding is masked out: a text's logits do not depend on its batch-mates' lengths,
+        # so inference may batch texts by length (xdpx.inference.predict_logits)
+        self.length_sorted_inference = True
         self.num_layers = int(getattr(self.hf.config, "num_hidden_layers", 0))
         self.vocab_size = vocab_size
         if gradient_checkpointing:

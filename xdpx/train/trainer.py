@@ -50,7 +50,14 @@ from xdpx.train.callbacks import Callback, CallbackList, OnEval
 from xdpx.train.diagnosis import find_nonfinite
 from xdpx.train.objectives import Objective, build_objective
 from xdpx.train.runlog import RunLog, progress_bar, train_row
-from xdpx.train.sampling import micro_batches, place, rank_share, total_updates, update_seed
+from xdpx.train.sampling import (
+    MEGABATCH_WINDOWS,
+    micro_batches,
+    place,
+    rank_share,
+    total_updates,
+    update_seed,
+)
 from xdpx.train.state import (
     EvalEvent,
     StopTraining,
@@ -141,6 +148,9 @@ class Trainer:
         self.callbacks = CallbackList([self.logs, *callbacks, *([OnEval(on_eval)] if on_eval else [])])  # fmt: skip
         self.optimizer = optim.build_optimizer(self.module, cfg)
         self.window_size = cfg.batch_size * cfg.update_freq * self.world_size
+        if cfg.group_by_length:  # lazy_load is refused by the config
+            assert isinstance(self.data, InMemoryData)
+            self.data.group_by_length(MEGABATCH_WINDOWS * self.window_size)
         self.total_updates = total_updates(len(self.data), self.window_size, cfg)
         self.scheduler = optim.build_scheduler(self.optimizer, cfg, self.total_updates)
         self.amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(cfg.precision)
