@@ -889,7 +889,8 @@ def legacy_encoder_runs(result: dict[str, Any]) -> list[dict[str, Any]]:
     (``reports/suite-stsb-minilm.json``, written before the peers and the encoder rows):
     ``dev``, ``test`` and the seconds it has (prepro + train + evaluate, given as
     ``prepro_train_seconds`` with the note saying so); ``macro_f1`` and the grid are None
-    (unknown). The encoder's name is the params file's (:func:`resolve_encoder`).
+    (unknown). The encoder's name is the params file's (:func:`resolve_encoder`) with
+    `` (older run)``, so that a new run of the same preset merges beside it.
 
     Raises:
         ValueError: the result is not of that shape.
@@ -912,7 +913,7 @@ def legacy_encoder_runs(result: dict[str, Any]) -> list[dict[str, Any]]:
             {
                 "corpus": run["corpus"],
                 "seed": run["seed"],
-                "encoder": name,
+                "encoder": f"{name} (older run)",  # a new run of the preset merges beside it
                 "dev_only": False,
                 "n": run["n"],
                 "params": {"file": path, "overrides": result.get("overrides")},
