@@ -30,6 +30,19 @@ files, the seed, fastText's grid, the peers' code and the library versions
 (:func:`peer_cache_key`), not on xdpx's config, so a second run of another default takes
 xdpx's time only (the peers are ~95% of a whole suite's, most of it fastText's grid).
 
+**Encoder rows** (``encoders`` of :func:`run_suite`, ``xdpx suite --encoder e5``): per corpus
+and seed, a fine-tuned transformer from a preset (:data:`ENCODER_PRESETS`, or any params
+file with ``train.model: hf_classifier``) on the same raw files; on pair corpora the preset's
+tokenizer encodes the two texts jointly (``[CLS] a [SEP] b [SEP]``): a cross-encoder.
+:func:`run_encoder_row` prepares the data once, trains one run per learning rate of a short
+grid with a dev evaluation at every epoch end (no early stop), and picks the (learning rate,
+epoch) of the best dev accuracy (ties: the first rate of the list, then the earlier epoch);
+the epoch is read off that one run's per-epoch dev scores, so its learning-rate schedule is
+that of the whole run (warm-up and decay over ``epochs``), not of a shorter one. The chosen
+run's best checkpoint (the trainer keeps the best dev evaluation) is the only one scored on
+test. The runs go to ``encoder_runs`` and their means per corpus to ``encoders`` beside the
+n-gram rows; :func:`merge_results` merges an encoder-only result into a whole suite's.
+
 Seeds are what makes a difference of a fraction of a point readable: one test set of
 1-2k texts has a standard error of ~1 point. Where the test set is fixed (20 Newsgroups,
 STS-B) the SE over seeds measures the spread of training and dev cut, not the sampling of
@@ -62,6 +75,11 @@ from xdpx.rundir import RunDir
 
 __all__ = [
     "merge_results",
+    "run_encoder_row",
+    "pick_encoder_config",
+    "resolve_encoder",
+    "summarize_encoder",
+    "ENCODER_PRESETS",
     "run_corpus_seed",
     "pick_best_peer",
     "summarize",
@@ -340,6 +358,230 @@ def run_corpus_seed(
     }
 
 
+#: ``--encoder`` shorthands: name -> preset params file (relative to the project root).
+ENCODER_PRESETS: dict[str, str] = {
+    "minilm": "params/bert-minilm.yaml",
+    "e5": "params/bert-e5.yaml",
+}
+
+
+def resolve_encoder(spec: str) -> tuple[str, str]:
+    """``(name, params file)`` of an ``--encoder`` value: a shorthand of
+    :data:`ENCODER_PRESETS` (``e5``) or a params file (``params/bert-e5.yaml``; its name is
+    the file's stem without ``bert-``, so both spellings give ``e5``).
+
+    Raises:
+        ValueError: neither a shorthand nor a ``.yaml``/``.yml`` file name.
+    """
+    if spec in ENCODER_PRESETS:
+        return spec, ENCODER_PRESETS[spec]
+    if not spec.endswith((".yaml", ".yml")):
+        raise ValueError(
+            f"--encoder {spec!r}: not one of {', '.join(ENCODER_PRESETS)} nor a params file (.yaml)"
+        )
+    stem = spec.rsplit("/", 1)[-1].rsplit(".", 1)[0]
+    return stem.removeprefix("bert-"), spec
+
+
+def pick_encoder_config(grid: dict[str, dict[str, float]]) -> tuple[str, str]:
+    """The ``(learning rate, epoch)`` keys of the best dev accuracy in ``grid`` (``{lr:
+    {epoch: dev accuracy}}``, both keys strings as in the JSON); ties: the first learning
+    rate in ``grid``'s order, then the earlier epoch.
+
+    Raises:
+        ValueError: the grid holds no dev score.
+    """
+    points = [(lr, ep, dev) for lr, curve in grid.items() for ep, dev in curve.items()]
+    if not points:
+        raise ValueError("the encoder's dev grid is empty (no evaluation ran)")
+    best = max(points, key=lambda p: p[2])[2]
+    lr, ep, _ = next(p for p in points if p[2] == best)
+    return lr, ep
+
+
+def _lr_key(lr: float) -> str:
+    return f"{lr:g}"
+
+
+def run_encoder_row(
+    corpus: Corpus,
+    params: Params,
+    name: str,
+    seed: int,
+    work_dir: str,
+    learning_rates: Sequence[float] | None = None,
+    epochs: int | None = None,
+    limit: int | None = None,
+    written: dict[str, int] | None = None,
+    dev_only: bool = False,
+    keep_all: bool = False,
+) -> dict[str, Any]:
+    """One fine-tuned-encoder row: prepro with the preset, a dev grid of learning rate x
+    epochs, test for the chosen point only (see the module docstring).
+
+    Args:
+        corpus: the corpus.
+        params: the preset's resolved params (``train.model: hf_classifier``, ``prepro.
+            tokenizer: hf``); paths and columns are replaced per corpus.
+        name: the encoder's name in the results (``e5``).
+        seed: split seed and ``train.seed``.
+        work_dir: this corpus and seed's directory: ``raw/`` (reused when ``written``),
+            ``encoder-<name>/prepared``, ``encoder-<name>/lr-<lr>/`` (one run per rate),
+            ``encoder-<name>/metrics.json``.
+        learning_rates: the grid's rates (None: the preset's ``train.learning_rate`` alone).
+        epochs: epochs of each run, each ending with a dev evaluation (None: the preset's
+            ``train.max_epoch``).
+        limit: at most this many rows per split (smoke runs).
+        written: rows per split of raw files already under ``work_dir/raw`` (the n-gram
+            row's); None = materialise the corpus there.
+        dev_only: as :func:`run_corpus_seed` (splits redrawn from train + dev).
+        keep_all: keep every grid run's checkpoints (default: only the chosen run's; a
+            12-layer encoder's checkpoint is ~0.5 GB).
+
+    Returns:
+        ``{"corpus", "seed", "encoder", "dev_only", "n", "params" (the preset's
+        ``train.pretrained_model``, ``prepro.max_len``, ``prepro.truncation``, ``train.
+        batch_size``, ``train.threads``), "model", "pair_encoding" ("joint": a cross-encoder;
+        None for single texts), "dev", "test", "macro_f1" (the chosen checkpoint's, from
+        evaluate), "chosen": {"learning_rate", "epoch"}, "grid": {lr: {epoch: dev}},
+        "prepro_seconds", "prepro_train_seconds" (prepro + the chosen run's training),
+        "grid_seconds" (prepro + every run's training), "seconds" (all, evaluate
+        included)}``; accuracies are fractions in [0, 1], times wall seconds.
+
+    Raises:
+        ValueError: the preset's model is not ``hf_classifier``, or its tokenizer not hf.
+    """
+    if params.train.model != "hf_classifier" or params.prepro.tokenizer != "hf":
+        raise ValueError(
+            f"encoder {name!r}: the preset must set train.model: hf_classifier and "
+            f"prepro.tokenizer: hf (got {params.train.model}, {params.prepro.tokenizer})"
+        )
+    raw = io.join(work_dir, "raw")
+    root = io.join(work_dir, f"encoder-{name}")
+    prepared = io.join(root, "prepared")
+    counts = written if written is not None else materialize(corpus.name, raw, seed, limit)
+    if dev_only and written is None:
+        counts = redraw_without_test(raw, seed)
+    rates = list(learning_rates or [params.train.learning_rate])
+    n_epochs = epochs or params.train.max_epoch
+    start = time.perf_counter()
+    STAGES["prepro"].run(
+        params.prepro.model_copy(
+            update={
+                "data_source": raw,
+                "data_dir": prepared,
+                "data_files": {s: f"{s}.tsv" for s in ("train", "dev", "test")},
+                "format": "tsv",
+                "header": True,
+                **corpus.columns,
+                **corpus.prepro,
+            }
+        )
+    )
+    prepro_seconds = time.perf_counter() - start
+    grid: dict[str, dict[str, float]] = {}
+    train_seconds: dict[str, float] = {}
+    run_dirs: dict[str, str] = {}
+    for lr in rates:
+        key = _lr_key(lr)
+        run_dirs[key] = io.join(root, f"lr-{key}")
+        events: list[Any] = []
+        t0 = time.perf_counter()
+        STAGES["train"].run(
+            params.train.model_copy(
+                update={
+                    "data_dir": prepared,
+                    "save_dir": run_dirs[key],
+                    "overwrite": True,
+                    "auto_suffix": False,
+                    "resume": False,
+                    "resume_from": None,
+                    "seed": seed,
+                    "learning_rate": lr,
+                    "max_epoch": n_epochs,
+                    "max_update": None,
+                    "max_samples": None,
+                    "eval_interval": -1,
+                    "eval_interval_warmup": 0,
+                    "valid_subset": "dev",
+                    "major_metric": "accuracy",
+                    "tolerance": max(n_epochs, params.train.tolerance),
+                }
+            ),
+            on_eval=events.append,
+        )
+        train_seconds[key] = time.perf_counter() - t0
+        grid[key] = {str(e.epoch): e.metrics["accuracy"] for e in events}
+        log.info("%s seed %d: %s lr %s: dev by epoch %s", corpus.name, seed, name, key, grid[key])  # fmt: skip
+    lr_key, epoch = pick_encoder_config(grid)
+    if not keep_all:
+        for key, path in run_dirs.items():
+            if key != lr_key:
+                io.rm(path, recursive=True)
+    t0 = time.perf_counter()
+    evaluated = STAGES["evaluate"].run(
+        EvaluateConfig(
+            checkpoint=RunDir(run_dirs[lr_key]).best_alias,
+            data_dir=prepared,
+            splits=["dev", "test"],
+            metrics_file=io.join(root, "metrics.json"),
+            confusion_png=io.join(root, "confusion.png"),
+        )
+    )
+    metrics = evaluated.metrics
+    if not math.isclose(metrics["dev"]["accuracy"], grid[lr_key][epoch], abs_tol=1e-9):
+        raise RuntimeError(
+            f"{corpus.name} {name}: the best checkpoint of lr {lr_key} scores dev "
+            f"{metrics['dev']['accuracy']:.4f}, its epoch {epoch} scored {grid[lr_key][epoch]:.4f}"
+        )
+    return {
+        "corpus": corpus.name,
+        "seed": seed,
+        "encoder": name,
+        "dev_only": dev_only,
+        "n": counts,
+        "params": {
+            "pretrained_model": params.train.pretrained_model,
+            "max_len": params.prepro.max_len,
+            "truncation": params.prepro.truncation,
+            "batch_size": params.train.batch_size,
+            "threads": params.train.threads,
+        },
+        "model": params.train.model,
+        "pair_encoding": "joint" if corpus.text2 else None,
+        "dev": metrics["dev"]["accuracy"],
+        "test": metrics["test"]["accuracy"],
+        "macro_f1": metrics["test"]["macro_f1"],
+        "chosen": {"learning_rate": float(lr_key), "epoch": int(epoch)},
+        "grid": grid,
+        "prepro_seconds": round(prepro_seconds, 1),
+        "prepro_train_seconds": round(prepro_seconds + train_seconds[lr_key], 1),
+        "grid_seconds": round(prepro_seconds + sum(train_seconds.values()), 1),
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+
+
+def summarize_encoder(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One encoder on one corpus: means over its runs (seeds).
+
+    Returns:
+        ``{"k", "test", "dev", "macro_f1", "prepro_train_seconds", "grid_seconds"}`` (a
+        mean is None when a run lacks it: an older run without macro-F1) plus ``"chosen"``
+        (each run's), ``"note"`` (the first run's, if any) and ``"params"`` (the first
+        run's).
+    """
+    return {
+        "k": len(runs),
+        **{
+            key: _mean_of(r.get(key) for r in runs)
+            for key in ("test", "dev", "macro_f1", "prepro_train_seconds", "grid_seconds")
+        },
+        "chosen": [r.get("chosen") for r in runs],
+        "params": runs[0].get("params"),
+        **({"note": runs[0]["note"]} if runs[0].get("note") else {}),
+    }
+
+
 def _mean_of(values: Any) -> float | None:
     """Mean of ``values``, or None when any is missing."""
     values = list(values)
@@ -495,6 +737,11 @@ def run_suite(
     fasttext_grid: dict[str, Sequence[Any]] | None = None,
     peer_cache: str | None = None,
     dev_only: bool = False,
+    encoders: Sequence[tuple[str, Params]] = (),
+    encoder_lrs: Sequence[float] | None = None,
+    encoder_epochs: int | None = None,
+    encoder_only: bool = False,
+    on_encoder_run: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Run the suite; see the module docstring.
 
@@ -511,44 +758,71 @@ def run_suite(
             CLI's default is ``~/.cache/xdpx/suite-peers``); None = run them every time.
         dev_only: never read a test file (see :func:`run_corpus_seed`): for choosing a
             default, as the project's rule says.
+        encoders: ``(name, preset params)`` of the fine-tuned encoders to run per corpus
+            and seed (:func:`run_encoder_row`, on the same raw files as the n-gram row).
+        encoder_lrs: their learning-rate grid (None: each preset's own rate).
+        encoder_epochs: epochs per encoder run (None: each preset's ``max_epoch``).
+        encoder_only: run the encoders alone (no n-gram row, no peers): a result for
+            :func:`merge_results` into a whole suite's.
+        on_encoder_run: called with each encoder run's result as it finishes.
 
     Returns:
         ``{"runs": [...], "per_corpus": {name: :func:`summarize` + :func:`summarize_peers`
-        + "model"}, "overall": {...},
-        "table": markdown}``.
+        + "model"}, "overall": {...} (None without n-gram runs), "table": markdown,
+        "encoder_runs": [...], "encoders": {corpus: {encoder: :func:`summarize_encoder`}}}``.
 
     Raises:
-        ValueError: an unknown corpus name.
+        ValueError: an unknown corpus name, or ``encoder_only`` without encoders.
         SuiteDataError: a corpus's package is not installed.
     """
     names = list(corpora or CORPORA)
     unknown = [n for n in names if n not in CORPORA]
     if unknown:
         raise ValueError(f"unknown corpus {unknown[0]!r}; known: {', '.join(CORPORA)}")
+    if encoder_only and not encoders:
+        raise ValueError("encoder_only needs at least one encoder (--encoder)")
     runs: list[dict[str, Any]] = []
-    per_corpus: dict[str, dict[str, Any]] = {}
+    encoder_runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="xdpx-suite-") as tmp:
         root = work_dir or tmp
         for name in names:
-            corpus_runs = []
             for seed in seeds:
-                r = run_corpus_seed(
-                    CORPORA[name],
-                    params,
-                    seed,
-                    io.join(root, name, f"seed-{seed}"),
-                    pair_model,
-                    limit,
-                    fasttext_grid,
-                    peer_cache=peer_cache,
-                    dev_only=dev_only,
-                )
-                corpus_runs.append(r)
-                if on_run:
-                    on_run(r)
-            runs.extend(corpus_runs)
-            per_corpus[name] = _corpus_summary(corpus_runs)
-    return _result(runs, per_corpus)
+                seed_dir = io.join(root, name, f"seed-{seed}")
+                written = None
+                if not encoder_only:
+                    r = run_corpus_seed(
+                        CORPORA[name],
+                        params,
+                        seed,
+                        seed_dir,
+                        pair_model,
+                        limit,
+                        fasttext_grid,
+                        peer_cache=peer_cache,
+                        dev_only=dev_only,
+                    )
+                    runs.append(r)
+                    written = r["n"]
+                    if on_run:
+                        on_run(r)
+                for enc_name, enc_params in encoders:
+                    e = run_encoder_row(
+                        CORPORA[name],
+                        enc_params,
+                        enc_name,
+                        seed,
+                        seed_dir,
+                        encoder_lrs,
+                        encoder_epochs,
+                        limit,
+                        written,
+                        dev_only,
+                    )
+                    written = e["n"]
+                    encoder_runs.append(e)
+                    if on_encoder_run:
+                        on_encoder_run(e)
+    return _result(runs, encoder_runs)
 
 
 def _corpus_summary(corpus_runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -560,49 +834,149 @@ def _corpus_summary(corpus_runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _result(runs: list[dict[str, Any]], per_corpus: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """:func:`run_suite`'s result: the runs, the per-corpus summaries, the mean over corpora
-    (its SE ``sqrt(sum SE_i^2) / n``: the corpora are independent) and the table."""
-    n = len(per_corpus)
-    ses = [s["se"] for s in per_corpus.values()]
-    overall = {
-        "corpora": n,
-        "mean_xdpx": statistics.fmean(s["mean_xdpx"] for s in per_corpus.values()),
-        "mean_baseline": statistics.fmean(s["mean_baseline"] for s in per_corpus.values()),
-        "mean_best_peer": statistics.fmean(s["mean_best_peer"] for s in per_corpus.values()),
-        "mean_difference": statistics.fmean(s["mean_difference"] for s in per_corpus.values()),
-        "se": None if None in ses else math.sqrt(sum(se**2 for se in ses)) / n,
-    }
-    return {
+def _result(
+    runs: list[dict[str, Any]], encoder_runs: Sequence[dict[str, Any]] = ()
+) -> dict[str, Any]:
+    """:func:`run_suite`'s result from its runs (in corpus, then seed order): the per-corpus
+    summaries, the mean over corpora (its SE ``sqrt(sum SE_i^2) / n``: the corpora are
+    independent), the table, and the encoders' runs and per-corpus means."""
+    by_corpus: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        by_corpus.setdefault(run["corpus"], []).append(run)
+    per_corpus = {name: _corpus_summary(rs) for name, rs in by_corpus.items()}
+    encoders: dict[str, dict[str, dict[str, Any]]] = {}
+    grouped: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for run in encoder_runs:
+        grouped.setdefault((run["corpus"], run["encoder"]), []).append(run)
+    for (corpus, encoder), rs in grouped.items():
+        encoders.setdefault(corpus, {})[encoder] = summarize_encoder(rs)
+    out: dict[str, Any] = {
         "runs": runs,
         "per_corpus": per_corpus,
-        "overall": overall,
-        "table": format_table(per_corpus, overall),
+        "overall": None,
+        "table": "",
     }
+    if per_corpus:
+        n = len(per_corpus)
+        ses = [s["se"] for s in per_corpus.values()]
+        overall = {
+            "corpora": n,
+            "mean_xdpx": statistics.fmean(s["mean_xdpx"] for s in per_corpus.values()),
+            "mean_baseline": statistics.fmean(s["mean_baseline"] for s in per_corpus.values()),
+            "mean_best_peer": statistics.fmean(s["mean_best_peer"] for s in per_corpus.values()),
+            "mean_difference": statistics.fmean(
+                s["mean_difference"] for s in per_corpus.values()
+            ),  # fmt: skip
+            "se": None if None in ses else math.sqrt(sum(se**2 for se in ses)) / n,
+        }
+        out.update(overall=overall, table=format_table(per_corpus, overall))
+    if encoder_runs:
+        out.update(encoder_runs=list(encoder_runs), encoders=encoders)
+    return out
+
+
+#: What an older single-run suite result (``reports/suite-stsb-minilm.json``: ``xdpx`` an
+#: ``hf_classifier``, ``baseline`` instead of ``peers``) says of its encoder row, as a note.
+LEGACY_NOTE = (
+    "older run (suite format before the peers): one seed, train.threads=1, lr {lr} x "
+    "{epochs} epochs, dev every {eval_interval} updates (not per epoch); no macro-F1; "
+    "seconds are prepro + train + evaluate"
+)
+
+
+def legacy_encoder_runs(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The encoder rows of an older suite result whose xdpx model was ``hf_classifier``
+    (``reports/suite-stsb-minilm.json``, written before the peers and the encoder rows):
+    ``dev``, ``test`` and the seconds it has (prepro + train + evaluate, given as
+    ``prepro_train_seconds`` with the note saying so); ``macro_f1`` and the grid are None
+    (unknown). The encoder's name is the params file's (:func:`resolve_encoder`) with
+    `` (older run)``, so that a new run of the same preset merges beside it.
+
+    Raises:
+        ValueError: the result is not of that shape.
+    """
+    name, path = resolve_encoder(result.get("params") or "")
+    try:
+        from xdpx.config import load_params
+
+        preset = load_params(path, list(result.get("overrides") or []))
+        lr, epochs = preset.train.learning_rate, preset.train.max_epoch
+        interval = preset.train.eval_interval
+    except Exception:  # noqa: BLE001 - the preset has moved on: leave its numbers unknown
+        lr = epochs = interval = "?"
+    out = []
+    for run in result["runs"]:
+        x = run["xdpx"]
+        if x.get("model") != "hf_classifier" or "peers" in run:
+            raise ValueError(f"{run['corpus']} seed {run['seed']}: not an older encoder run")
+        out.append(
+            {
+                "corpus": run["corpus"],
+                "seed": run["seed"],
+                "encoder": f"{name} (older run)",  # a new run of the preset merges beside it
+                "dev_only": False,
+                "n": run["n"],
+                "params": {"file": path, "overrides": result.get("overrides")},
+                "model": x["model"],
+                "pair_encoding": "joint" if run["corpus"] == "stsb" else None,
+                "dev": x["dev"],
+                "test": x["test"],
+                "macro_f1": None,
+                "chosen": None,
+                "grid": None,
+                "prepro_train_seconds": x.get("seconds"),
+                "grid_seconds": None,
+                "seconds": x.get("seconds"),
+                "note": LEGACY_NOTE.format(lr=lr, epochs=epochs, eval_interval=interval),
+            }
+        )
+    return out
+
+
+def _is_legacy_encoder(result: dict[str, Any]) -> bool:
+    runs = result.get("runs") or []
+    return bool(runs) and all(
+        "peers" not in r and r.get("xdpx", {}).get("model") == "hf_classifier" for r in runs
+    )
 
 
 def merge_results(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One result from several :func:`run_suite` results run side by side, on other corpora
-    or on other seeds of one corpus (e.g. ``-c 20newsgroups -s 1 -s 3`` and ``-s 2``): the
-    runs grouped by corpus (in order of first appearance) and by seed, each corpus's summary
-    recomputed from all its runs.
+    or on other seeds of one corpus (e.g. ``-c 20newsgroups -s 1 -s 3`` and ``-s 2``), or of
+    encoders alone (``--encoder-only``, run for hours one corpus at a time): the n-gram runs
+    grouped by corpus (in order of first appearance) and by seed, each corpus's summary
+    recomputed from all its runs; the encoder runs likewise by corpus, encoder and seed. An
+    older encoder result (:func:`legacy_encoder_runs`) is converted.
 
     Raises:
-        ValueError: a corpus and seed appear in two results, or ``dev_only`` runs are mixed
-            with runs scored on the test files.
+        ValueError: a corpus and seed (or corpus, encoder and seed) appear in two results,
+            or ``dev_only`` runs are mixed with runs scored on the test files.
     """
     by_corpus: dict[str, dict[int, dict[str, Any]]] = {}
+    by_encoder: dict[str, dict[tuple[str, int], dict[str, Any]]] = {}
     for result in results:
-        for run in result["runs"]:
+        if _is_legacy_encoder(result):
+            result = {"runs": [], "encoder_runs": legacy_encoder_runs(result)}
+        for run in result.get("runs") or []:
             seeds = by_corpus.setdefault(run["corpus"], {})
             if run["seed"] in seeds:
                 raise ValueError(f"corpus {run['corpus']!r} seed {run['seed']} is in two suite results")  # fmt: skip
             seeds[run["seed"]] = run
+        for run in result.get("encoder_runs") or []:
+            keyed = by_encoder.setdefault(run["corpus"], {})
+            key = (run["encoder"], run["seed"])
+            if key in keyed:
+                raise ValueError(
+                    f"corpus {run['corpus']!r} encoder {run['encoder']!r} seed {run['seed']} "
+                    "is in two suite results"
+                )
+            keyed[key] = run
     runs = [run for seeds in by_corpus.values() for _, run in sorted(seeds.items())]
-    if len({bool(run.get("dev_only")) for run in runs}) > 1:
+    encoder_runs = [
+        run
+        for keyed in by_encoder.values()
+        for _, run in sorted(keyed.items(), key=lambda kv: (kv[0][0], kv[0][1]))
+    ]
+    if len({bool(run.get("dev_only")) for run in runs + encoder_runs}) > 1:
         raise ValueError("cannot merge --dev-only runs with runs scored on the test files")
-    per_corpus = {
-        name: _corpus_summary([run for _, run in sorted(seeds.items())])
-        for name, seeds in by_corpus.items()
-    }
-    return _result(runs, per_corpus)
+    return _result(runs, encoder_runs)

