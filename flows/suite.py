@@ -52,6 +52,7 @@ the standard deviation of the per-text difference of correctness / sqrt(n)).
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import inspect
 import json
@@ -403,6 +404,12 @@ def _lr_key(lr: float) -> str:
     return f"{lr:g}"
 
 
+def _epoch_number(key: str) -> int | float:
+    """A grid's epoch key as a number: ``"2"`` -> 2 (an epoch's end), ``"0.33"`` -> 0.33
+    (an evaluation inside the first epoch, :func:`encoder_row_from_run`)."""
+    return int(key) if float(key).is_integer() and "." not in key else float(key)
+
+
 def run_encoder_row(
     corpus: Corpus,
     params: Params,
@@ -518,10 +525,42 @@ def run_encoder_row(
         for key, path in run_dirs.items():
             if key != lr_key:
                 io.rm(path, recursive=True)
-    t0 = time.perf_counter()
+    return score_encoder_row(
+        corpus, params, name, seed, dev_only, counts, prepared, root, run_dirs[lr_key], grid,
+        prepro_seconds, train_seconds, time.perf_counter() - start,
+    )  # fmt: skip
+
+
+def score_encoder_row(
+    corpus: Corpus,
+    params: Params,
+    name: str,
+    seed: int,
+    dev_only: bool,
+    counts: dict[str, int],
+    prepared: str,
+    root: str,
+    run_dir: str,
+    grid: dict[str, dict[str, float]],
+    prepro_seconds: float,
+    train_seconds: dict[str, float],
+    seconds_so_far: float,
+    note: str | None = None,
+) -> dict[str, Any]:
+    """The row of the grid point chosen on dev (:func:`pick_encoder_config`): its run's best
+    checkpoint (``run_dir``) scored on dev and test by ``stages.evaluate``, the only time the
+    test file is read. ``grid``/``train_seconds`` are keyed by learning rate
+    (:func:`_lr_key`); the other arguments as :func:`run_encoder_row`'s.
+
+    Raises:
+        RuntimeError: the best checkpoint's dev score is not the grid's best (the run's
+            ``<best>`` is another checkpoint than the one the grid chose).
+    """
+    start = time.perf_counter()
+    lr_key, epoch = pick_encoder_config(grid)
     evaluated = STAGES["evaluate"].run(
         EvaluateConfig(
-            checkpoint=RunDir(run_dirs[lr_key]).best_alias,
+            checkpoint=RunDir(run_dir).best_alias,
             data_dir=prepared,
             splits=["dev", "test"],
             metrics_file=io.join(root, "metrics.json"),
@@ -552,13 +591,50 @@ def run_encoder_row(
         "dev": metrics["dev"]["accuracy"],
         "test": metrics["test"]["accuracy"],
         "macro_f1": metrics["test"]["macro_f1"],
-        "chosen": {"learning_rate": float(lr_key), "epoch": int(epoch)},
+        "chosen": {"learning_rate": float(lr_key), "epoch": _epoch_number(epoch)},
         "grid": grid,
         "prepro_seconds": round(prepro_seconds, 1),
         "prepro_train_seconds": round(prepro_seconds + train_seconds[lr_key], 1),
         "grid_seconds": round(prepro_seconds + sum(train_seconds.values()), 1),
-        "seconds": round(time.perf_counter() - start, 1),
+        "seconds": round(seconds_so_far + time.perf_counter() - start, 1),
+        **({"note": note} if note else {}),
     }
+
+
+def encoder_row_from_run(
+    corpus: Corpus,
+    params: Params,
+    name: str,
+    seed: int,
+    prepared: str,
+    run_dir: str,
+    prepro_seconds: float,
+    train_seconds: float,
+    note: str,
+) -> dict[str, Any]:
+    """An encoder row from a fine-tuning run made outside the suite (``xdpx train`` with the
+    preset on the corpus's seed-``seed`` split, e.g. a run taking most of an hour on CPU):
+    the dev grid is the run's ``valid.log.tsv`` (one learning rate; the points are the
+    evaluations, keyed by epochs done, ``samples_seen / n_train`` to 2 decimals), then
+    :func:`score_encoder_row`. ``note`` says how the run was made (shown in the table).
+
+    Raises:
+        DataError: the run has no ``valid.log.tsv`` rows.
+    """
+    from xdpx.data import DataError
+
+    n = {s: PreparedMeta.read(prepared).split(s).rows for s in ("train", "dev", "test")}
+    log_file = io.join(run_dir, "valid.log.tsv")
+    with io.open(log_file, "r") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    if not rows:
+        raise DataError(f"{log_file}: no evaluation rows")
+    curve = {f"{int(r['samples_seen']) / n['train']:.2f}": float(r["accuracy"]) for r in rows}
+    lr_key = _lr_key(params.train.learning_rate)
+    return score_encoder_row(
+        corpus, params, name, seed, False, n, prepared, run_dir, run_dir, {lr_key: curve},
+        prepro_seconds, {lr_key: train_seconds}, prepro_seconds + train_seconds, note,
+    )  # fmt: skip
 
 
 def summarize_encoder(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -282,7 +282,7 @@ def which_model_tables(
             )
         for name, e in encs.items():
             chosen = [c for c in e.get("chosen") or [] if c]
-            how = ", ".join(f"lr {c['learning_rate']:g}, epoch {c['epoch']}" for c in chosen)
+            how = ", ".join(f"lr {c['learning_rate']:g}, epoch {c['epoch']:g}" for c in chosen)
             grid = "" if e.get("grid_seconds") is None else f" (grid {_secs(e['grid_seconds'])})"
             mark = ""
             if e.get("note"):
