@@ -742,6 +742,46 @@ def cv(
     typer.echo(f"{report['folds']} folds in {report['seconds']:.0f} s; wrote {cfg.cv.report}")
 
 
+# ------------------------------------------------------------------ distill
+@app.command("distill")
+def distill(
+    overrides: list[str] = typer.Argument(None, metavar="[KEY.SUB=VALUE]...", help="Overrides of the pipeline's params, e.g. grid.alpha=[0.5] teacher.params=params/bert-minilm.yaml."),
+    params: str = typer.Option("distill/params.yaml", "--params", "-p", help="The pipeline's params file."),
+    teacher: bool = typer.Option(True, "--teacher/--no-teacher", help="--no-teacher: use the teacher run already at teacher.save_dir."),
+) -> None:  # fmt: skip
+    """Distil a teacher into the student config, and ship the student only if it beats it alone.
+
+    Runs the Prefect flow `xdpx_distill` (the steps of `dvc repro distill/dvc.yaml`): the
+    teacher (prepro + train of `teacher.params`), the transfer set (train texts + the largest
+    `grid.copies` augmented copies of each), the teacher's logits on it, then the student
+    config on the gold labels alone and once per grid point (alpha, T, copies), each with its
+    best-of-dev epoch. The best grid point ships only when it beats the student alone on dev;
+    `report_dir/decision.json` says what shipped and why, `ship_dir` holds its ONNX export.
+
+    **Examples:**
+
+    `xdpx distill`
+
+    `xdpx distill --no-teacher grid.alpha=[0.5,0.9] grid.copies=[0,4]`
+
+    `xdpx distill teacher.params=params/bert-minilm.yaml "student.overrides=[train.model=textcnn]"`
+    """
+    import logging
+
+    from flows.distill import xdpx_distill
+    from flows.pipeline import StageError
+    from xdpx.distillation import decision_markdown
+
+    logging.basicConfig(level=logging.WARNING)
+    with _user_errors():
+        try:
+            results = xdpx_distill(params=params, overrides=list(overrides or []), train_teacher=teacher)  # fmt: skip
+        except StageError as e:  # a failed step, named (the Prefect logs hold the traceback)
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(2) from None
+    typer.echo(decision_markdown(results["decide"]))
+
+
 # ------------------------------------------------------------------ entry points
 def main() -> None:
     """``xdpx`` console script."""

@@ -1,15 +1,15 @@
-"""Classification metrics (scikit-learn) and each metric's direction."""
+"""Classification metrics (scikit-learn) and each metric's direction.
+
+scikit-learn is imported by the functions that use it, not with the module: the configs
+check metric names against :data:`METRIC_DIRECTIONS`, and a process that only reads configs
+(``xdpx --help``, prepro, ``stages.distill configs``) need not load it (1-2 s).
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
-from sklearn.metrics import (
-    accuracy_score,
-    confusion_matrix,
-    log_loss,
-    precision_recall_fscore_support,
-    roc_auc_score,
-)
 
 __all__ = [
     "METRIC_DIRECTIONS",
@@ -41,6 +41,13 @@ def is_better(metric: str, new: float, best: float | None) -> bool:
     return new * METRIC_DIRECTIONS[metric] > best * METRIC_DIRECTIONS[metric]
 
 
+def confusion_matrix(*args: Any, **kwargs: Any) -> np.ndarray:
+    """:func:`sklearn.metrics.confusion_matrix` (same arguments)."""
+    from sklearn.metrics import confusion_matrix as cm
+
+    return cm(*args, **kwargs)
+
+
 def classification_metrics(labels: np.ndarray, probs: np.ndarray) -> dict[str, float]:
     """Accuracy, macro P/R/F1, ROC-AUC (binary only) and mean cross-entropy.
 
@@ -52,6 +59,13 @@ def classification_metrics(labels: np.ndarray, probs: np.ndarray) -> dict[str, f
         metric name -> value; ``roc_auc`` only when ``num_labels == 2`` and both
         classes occur in ``labels``.
     """
+    from sklearn.metrics import (
+        accuracy_score,
+        log_loss,
+        precision_recall_fscore_support,
+        roc_auc_score,
+    )
+
     labels = np.asarray(labels)
     probs = np.asarray(probs, dtype=np.float64)
     num_labels = probs.shape[1]
