@@ -48,21 +48,34 @@ def free_port() -> int:
 
 
 def start_server(run: str, port: int, extra: list[str]) -> subprocess.Popen:
-    """The server in a child process; returns once ``/v2/health/ready`` answers (<= 60 s)."""
+    """``xdpx serve RUN --http`` in a child process; returns once it is ready (<= 60 s)."""
     cmd = [sys.executable, "-m", "xdpx.cli", "serve", run, "--http", "--port", str(port), *extra]
+    return start_process(cmd, port)
+
+
+def start_process(
+    cmd: list[str], port: int, ready: str = "/v2/health/ready", timeout_s: float = 60
+) -> subprocess.Popen:
+    """Any server command in a child process (cwd: the repository root, stderr piped);
+    returns once ``GET ready`` on 127.0.0.1:``port`` answers 200.
+
+    Raises:
+        RuntimeError: the process exited (its stderr's tail in the message), or it was not
+            ready within ``timeout_s`` seconds (it is killed).
+    """
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 60
+    deadline = time.time() + timeout_s
     while time.time() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited: {proc.stderr.read().decode()[-2000:]}")
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1).status_code == 200:
+            if httpx.get(f"http://127.0.0.1:{port}{ready}", timeout=1).status_code == 200:
                 return proc
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
     proc.kill()
-    raise RuntimeError("server not ready within 60 s")
+    raise RuntimeError(f"server not ready within {timeout_s:.0f} s: {' '.join(cmd)}")
 
 
 def batch_stats(port: int) -> tuple[float, float]:
@@ -122,11 +135,15 @@ async def drive(port: int, texts: list[str], concurrency: int, requests: int) ->
     }
 
 
-def measure(port: int, texts: list[str], concurrency: int, requests: int, label: str) -> dict:
-    """One :func:`drive` at ``concurrency``, with the mean texts per model call it caused."""
-    before = batch_stats(port)
+def measure(
+    port: int, texts: list[str], concurrency: int, requests: int, label: str, xdpx: bool = True
+) -> dict:
+    """One :func:`drive` at ``concurrency``, with the mean texts per model call it caused
+    (``xdpx=False``: a server without xdpx's ``/metrics``; ``mean_batch`` is then 1.0, one
+    text per request and call)."""
+    before = batch_stats(port) if xdpx else (0.0, 0.0)
     row = asyncio.run(drive(port, texts, concurrency, requests))
-    after = batch_stats(port)
+    after = batch_stats(port) if xdpx else (1.0, 1.0)
     calls, done = after[0] - before[0], after[1] - before[1]
     row["mean_batch"] = done / calls if calls else 0.0
     row["server"] = label

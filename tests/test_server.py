@@ -370,6 +370,34 @@ def test_length_chunks_keep_long_texts_apart_and_every_index_once():
 
 
 @pytest.mark.unit
+def test_encoder_calls_are_length_homogeneous_and_rows_come_back_in_order():
+    """A transformer encoder's batch is cut at its own padding tolerance (0.1: every padded
+    token costs a real one's time); the probabilities still come back in request order."""
+    from xdpx.serving.server import ENCODER_MAX_PADDING, ServeConfig, ServedModel, create_app
+
+    widths: list[tuple[int, int]] = []
+
+    def logits(samples):  # one "model call": the logits are the texts' own lengths
+        x = np.array([len(s) for s in samples], dtype=np.float32)
+        widths.append((len(samples), int(x.max())))
+        return np.stack([x, -x], 1)
+
+    model = ServedModel.__new__(ServedModel)  # no files: only probs() and its chunking
+    model._logits, model.max_padding = logits, ENCODER_MAX_PADDING
+    model.name, model.labels, model.pair, model.backend = "m", ["a", "b"], False, "onnx"
+    rng = np.random.default_rng(0)
+    samples = [np.ones(n, dtype=np.int64) for n in rng.integers(3, 129, 64)]
+    probs = model.probs(samples)
+    expected = [np.exp(n) / (np.exp(n) + np.exp(-n)) for n in map(len, samples)]
+    np.testing.assert_allclose(probs[:, 0], expected, rtol=1e-6)
+    assert sum(r for r, _ in widths) == 64 and len(widths) > 2
+    padded = sum(r * w for r, w in widths)
+    assert sum(map(len, samples)) >= (1 - ENCODER_MAX_PADDING) * padded
+    create_app(model, ServeConfig(max_padding=0.5))  # the option overrides the model's own
+    assert model.max_padding == 0.5
+
+
+@pytest.mark.unit
 def test_hot_endpoints_answer_like_fastapi_and_survive_a_failing_model_call():
     """POST /predict and the V2 infer endpoint skip FastAPI's layers (server._Front): their
     errors, statuses and metrics must still be FastAPI's."""

@@ -58,6 +58,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.routing import Match, Route
 
 from xdpx import io
+from xdpx.config import HF_MODELS
 from xdpx.data import Encoder
 from xdpx.inference import Sample, as_samples, call_model, pad_batch, probs_from_logits
 from xdpx.serving.export import ort_logits, ort_session
@@ -92,6 +93,9 @@ class ServeConfig:
             on the event loop instead of the worker thread (see :class:`DynamicBatcher`);
             0 = always the worker thread. (2: 3,250 requests/s with 8 clients against
             2,680 for 1 ms, on the demo model.)
+        max_padding: the most padding a model call's texts may carry, as a share of its
+            padded ``[rows, width]`` area (:func:`length_chunks` cuts a batch into calls of
+            similar length); None = the model's own (:attr:`ServedModel.max_padding`).
     """
 
     max_batch_size: int = 64
@@ -100,6 +104,7 @@ class ServeConfig:
     max_body_bytes: int = 1_000_000
     retry_after_s: int = 1
     inline_ms: float = 2.0
+    max_padding: float | None = None
 
 
 # ---------------------------------------------------------------------------- the model
@@ -119,6 +124,9 @@ class ServedModel:
         name: the model name in V2 URLs (the run directory's base name).
         labels: class names in logit order; pair: the model takes text pairs;
         backend: ``onnx`` or ``eager``; source: the file or directory loaded.
+        kind: the model's ``train.model`` (``hf_classifier``, ``ngram_lr``, ...).
+        max_padding: :func:`length_chunks`' tolerance for this model:
+            :data:`ENCODER_MAX_PADDING` for a transformer encoder, else 0.5.
 
     Raises:
         FileNotFoundError: ``backend="onnx"`` and no ``model.onnx``; nothing to load.
@@ -148,6 +156,7 @@ class ServedModel:
 
             report = json.loads(io.read_text(io.join(export_dir, "report.json")))
             self.session = ort_session(onnx_path, threads)
+            self.kind = str(report.get("model", ""))
             self.input_names = tuple(report["input_names"])
             self.min_len = int(report.get("min_len", 1))
             self.encoder = Encoder.from_dir(export_dir)
@@ -166,6 +175,8 @@ class ServedModel:
             self.model, self.encoder = predictor.ckpt.model, predictor.encoder
             self.min_len = getattr(self.model, "min_len", 1)
             self.backend, self.source, self.session = "eager", predictor.ckpt.path, None
+            self.kind = predictor.ckpt.name
+        self.max_padding = ENCODER_MAX_PADDING if self.kind in HF_MODELS else 0.5
         self.pad_id = self.encoder.pad_id
         self.labels: list[str] = list(self.encoder.labels)
         self.pair = self.encoder.pair
@@ -179,14 +190,15 @@ class ServedModel:
         """``[n, num_labels]`` float64 softmax probabilities of ``samples``, in order.
 
         The samples are sorted by length and cut into chunks of similar length
-        (:func:`length_chunks`), each padded to its own longest text (each input of a pair
-        to its own) and run as one model call: one long review no longer pads a whole
-        batch of short ones to its width (the n-gram graph's cost grows with the padded
-        width). The models are padding-invariant, so the numbers do not depend on it.
+        (:func:`length_chunks`, at most :attr:`max_padding` padding), each padded to its
+        own longest text (each input of a pair to its own) and run as one model call: one
+        long review no longer pads a whole batch of short ones to its width (the n-gram
+        graph's cost grows with the padded width, a transformer's with every padded token).
+        The models are padding-invariant, so the numbers do not depend on it.
         """
         lengths = [sum(len(t) for t in s) if isinstance(s, tuple) else len(s) for s in samples]
         out: list[np.ndarray] = [None] * len(samples)  # type: ignore[list-item]
-        for chunk in length_chunks(lengths):
+        for chunk in length_chunks(lengths, self.max_padding):
             logits = self._logits([samples[i] for i in chunk])
             for i, row in zip(chunk, probs_from_logits(logits), strict=True):
                 out[i] = row
@@ -202,6 +214,17 @@ class ServedModel:
 
             with torch.inference_mode():
                 return call_model(self.model, x).float().numpy()
+
+
+#: :func:`length_chunks`' padding tolerance for transformer encoders (``hf_classifier``).
+#: Their cost per token is flat in the batch size on CPU (onnxruntime, MiniLM-L6, 48 tokens:
+#: the same ms per text at batch 1 and 16), so a padded token costs as much as a real one
+#: and a call more costs almost nothing; 0.5 (the n-gram models' setting) made a batch of 64
+#: dev texts 1.40x their real tokens, 0.1 makes it 1.05x in 10 calls. Server CPU per request
+#: at concurrency 64 (MiniLM-L6 fp32, ``bench/serve_encoder.py``'s clients, a shared
+#: machine, medians of 3 alternating runs): 0.5: 40.9 ms vs 0.1: 35.5; then 0.25: 35.4,
+#: 0: 38.0 (40 calls of 1.6 texts) vs 0.1: 32.6.
+ENCODER_MAX_PADDING = 0.1
 
 
 def length_chunks(lengths: Sequence[int], max_padding: float = 0.5) -> list[list[int]]:
@@ -426,6 +449,8 @@ def create_app(model: ServedModel, config: ServeConfig | None = None) -> Any:
     )
 
     cfg = config or ServeConfig()
+    if cfg.max_padding is not None:
+        model.max_padding = cfg.max_padding
     registry = CollectorRegistry()
     requests = Counter("xdpx_requests", "HTTP requests by endpoint and status code.", ["endpoint", "status"], registry=registry)  # fmt: skip
     latency = Histogram("xdpx_request_latency_seconds", "Time from request to response, seconds.", ["endpoint"], registry=registry, buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0))  # fmt: skip
