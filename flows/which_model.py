@@ -28,7 +28,9 @@ Serving reports (both optional; a missing or unreadable file leaves the column "
        "xdpx_int8": {"req_s": 310.0, "p99_ms": 30.0},
        "peer": {"req_s": 95.0, "p99_ms": 110.0}}
 
-  or the same per encoder, ``{"e5": {"xdpx_fp32": {...}, ...}, "minilm": {...}}``. A
+  or ``bench/serve_encoder.py``'s report (``{"encoder", "corpus", "results": [{"concurrency",
+  "xdpx_fp32": {"throughput_rps", "p99_ms", ...}, ...}, ...]}``: its highest concurrency), or
+  the same per encoder, ``{"e5": {"xdpx_fp32": {...}, ...}, "minilm": {...}}``. A
   variant is any key whose value is a mapping with ``req_s`` (or ``throughput_rps``);
   ``p99_ms`` is optional; other keys are ignored. Without ``encoder`` the variants apply to
   every encoder row.
@@ -124,6 +126,10 @@ def read_serve_encoder(path: str | None = SERVE_ENCODER) -> dict[str, Any]:
     data = _read_json(path)
     if not isinstance(data, Mapping):
         return {}
+    blocks = data.get("results")
+    if isinstance(blocks, list) and blocks:  # bench/serve_encoder.py: one block per concurrency
+        block = max((b for b in blocks if isinstance(b, Mapping)), key=lambda b: b.get("concurrency") or 0)  # fmt: skip
+        data = {**block, "encoder": data.get("encoder"), "corpus": data.get("corpus")}
     top = _variants(data)
     if top:
         corpus = data.get("corpus") if isinstance(data.get("corpus"), str) else None

@@ -249,3 +249,20 @@ def test_a_params_file_outside_the_configs_deps_is_refused(tmp_path, monkeypatch
         step_configs(plan)
     with pytest.raises(ConfigError, match="grid.alpha"):
         load_plan(str(ROOT / "distill" / "params.yaml"), ["grid.alpha=[2]"])
+
+
+@pytest.mark.unit
+def test_overrides_reach_top_level_and_nested_plan_keys():
+    """`xdpx distill raw=DIR report_dir=DIR grid.copies=[1,3] "teacher.overrides=[...]"`: the
+    plan's top-level keys take an override as its sections' keys do."""
+    from xdpx.config import ConfigError
+    from xdpx.distillation import load_plan
+
+    plan = load_plan(str(ROOT / "distill" / "params.yaml"), [
+        "raw=/data/stsb", "report_dir=reports/distill-stsb", "grid.copies=[1, 3]",
+        "teacher.overrides=[prepro.transliterate=null, train.threads=2]"])  # fmt: skip
+    assert plan.raw == "/data/stsb" and plan.report_dir == "reports/distill-stsb"
+    assert plan.grid.copies == [1, 3]
+    assert plan.teacher.overrides == ["prepro.transliterate=null", "train.threads=2"]
+    with pytest.raises(ConfigError, match="must look like"):
+        load_plan(str(ROOT / "distill" / "params.yaml"), ["raw"])

@@ -253,10 +253,20 @@ STEP_MODELS: dict[str, type[BaseModel]] = {
 
 
 def _nested_override(raw: dict[str, Any], item: str) -> None:
-    """Apply ``a.b.c=value`` to the nested mapping ``raw`` (the plan's keys nest deeper than
-    params sections)."""
-    head, _, value = parse_override(item)
-    keys = [head, *item.split("=", 1)[0].strip().split(".")[1:]]
+    """Apply ``a.b.c=value`` (or a top-level ``raw=...``) to the nested mapping ``raw`` (the
+    plan's keys nest deeper than params sections, and some are top-level).
+
+    Raises:
+        ConfigError: the item is not ``key=value``, or a key on its path is not a mapping.
+    """
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like key.sub=value")
+    path = item.split("=", 1)[0].strip()
+    if "." in path:
+        _, _, value = parse_override(item)
+    else:
+        _, _, value = parse_override(f"_.{item}")
+    keys = path.split(".")
     node = raw
     for k in keys[:-1]:
         node = node.setdefault(k, {})
