@@ -568,7 +568,8 @@ def score_encoder_row(
         )
     )
     metrics = evaluated.metrics
-    if not math.isclose(metrics["dev"]["accuracy"], grid[lr_key][epoch], abs_tol=1e-9):
+    # 1e-6: a grid read from valid.log.tsv (encoder_row_from_run) holds 6 digits
+    if not math.isclose(metrics["dev"]["accuracy"], grid[lr_key][epoch], abs_tol=1e-6):
         raise RuntimeError(
             f"{corpus.name} {name}: the best checkpoint of lr {lr_key} scores dev "
             f"{metrics['dev']['accuracy']:.4f}, its epoch {epoch} scored {grid[lr_key][epoch]:.4f}"
