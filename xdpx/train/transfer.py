@@ -347,7 +347,12 @@ def label_transfer_set(
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     counts = dict.fromkeys(labels, 0)
     now = 0
-    with open(part, "r+b" if done else "wb") as f:
+    from tqdm.auto import tqdm
+
+    with io.open(cfg.out_file, "rb") as counted:  # rows for the progress bar: one streamed pass
+        total = max(sum(1 for _ in counted) - 1, 0)
+    bar = tqdm(total=total, initial=done, desc="label", unit="row", mininterval=5)
+    with open(part, "r+b" if done else "wb") as f, bar:
         f.truncate(size)
         f.seek(size)
         for header, chunk in _transfer_chunks(cfg.out_file, cfg.chunk_rows, done):
@@ -388,6 +393,7 @@ def label_transfer_set(
             os.fsync(f.fileno())
             done += len(chunk)
             now += len(chunk)
+            bar.update(len(chunk))
             io.write_text(marker, json.dumps({**key, "rows": done, "bytes": f.tell()}))
             if on_chunk is not None:
                 on_chunk(done)
