@@ -69,7 +69,7 @@ from flows.corpora import CORPORA, Corpus, materialize, redraw_without_test
 from stages.registry import STAGES
 from xdpx import io
 from xdpx.baselines import SINGLE_PEERS, read_tsv, run_peers
-from xdpx.config import EvaluateConfig, Params, PredictConfig
+from xdpx.config import EvaluateConfig, Params, PredictConfig, PreproConfig
 from xdpx.data.meta import PreparedMeta
 from xdpx.models import PAIR_INPUTS, input_names, reads_spelled_oov
 from xdpx.rundir import RunDir
@@ -219,6 +219,26 @@ def cached_run_peers(
     return results
 
 
+def corpus_prepro(
+    params: Params, corpus: Corpus, raw: str, prepared: str, **extra: Any
+) -> PreproConfig:
+    """``params.prepro`` pointed at the corpus's files: ``raw/{train,dev,test}.tsv`` (with a
+    header), its columns and the prepro keys it needs (``corpus.prepro``), written to
+    ``prepared``; ``extra`` keys last."""
+    return params.prepro.model_copy(
+        update={
+            "data_source": raw,
+            "data_dir": prepared,
+            "data_files": {s: f"{s}.tsv" for s in ("train", "dev", "test")},
+            "format": "tsv",
+            "header": True,
+            **corpus.columns,
+            **corpus.prepro,
+            **extra,
+        }
+    )
+
+
 def run_corpus_seed(
     corpus: Corpus,
     params: Params,
@@ -270,18 +290,7 @@ def run_corpus_seed(
     # a model that cannot read spelled unknown words gets them as one [UNK] (prepro.oov)
     spell = params.prepro.oov == "spell" and reads_spelled_oov(model)
     start = time.perf_counter()
-    prepro_cfg = params.prepro.model_copy(
-        update={
-            "data_source": raw,
-            "data_dir": prepared,
-            "data_files": {s: f"{s}.tsv" for s in ("train", "dev", "test")},
-            "format": "tsv",
-            "header": True,
-            **corpus.columns,
-            **corpus.prepro,
-            "oov": "spell" if spell else "unk",
-        }
-    )
+    prepro_cfg = corpus_prepro(params, corpus, raw, prepared, oov="spell" if spell else "unk")
     prepared_result = STAGES["prepro"].run(prepro_cfg)
     STAGES["train"].run(
         params.train.model_copy(
@@ -472,19 +481,7 @@ def run_encoder_row(
     rates = list(learning_rates or [params.train.learning_rate])
     n_epochs = epochs or params.train.max_epoch
     start = time.perf_counter()
-    STAGES["prepro"].run(
-        params.prepro.model_copy(
-            update={
-                "data_source": raw,
-                "data_dir": prepared,
-                "data_files": {s: f"{s}.tsv" for s in ("train", "dev", "test")},
-                "format": "tsv",
-                "header": True,
-                **corpus.columns,
-                **corpus.prepro,
-            }
-        )
-    )
+    STAGES["prepro"].run(corpus_prepro(params, corpus, raw, prepared))
     prepro_seconds = time.perf_counter() - start
     grid: dict[str, dict[str, float]] = {}
     train_seconds: dict[str, float] = {}

@@ -63,6 +63,7 @@ from xdpx.config import (
     TrainConfig,
     load_params,
     parse_override,
+    read_yaml_mapping,
 )
 from xdpx.data import DataError
 
@@ -283,14 +284,7 @@ def load_plan(path: str = PLAN_FILE, overrides: list[str] | tuple[str, ...] = ()
         ConfigError: a missing or malformed file, an unknown key or a bad value (naming the
             file and the key).
     """
-    if not io.exists(path):
-        raise ConfigError(f"{path}: the distillation pipeline's params file is missing")
-    try:
-        raw = yaml.safe_load(io.read_text(path)) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML ({e})") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a mapping of keys")
+    raw = read_yaml_mapping(path, "the distillation pipeline's params file")
     for item in overrides:
         _nested_override(raw, item)
     try:
