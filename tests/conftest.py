@@ -26,6 +26,7 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
 # tests each) last and left one worker idle for ~5 of the suite's 16 minutes.
 _SLOW_FIRST = (
     "test_dvc.py",
+    "test_distill_pipeline.py",
     "test_doctor.py",
     "test_multinode.py",
     "test_hf.py",
