@@ -622,7 +622,7 @@ def encoder_row_from_run(
     from xdpx.data import DataError
 
     n = {s: PreparedMeta.read(prepared).split(s).rows for s in ("train", "dev", "test")}
-    log_file = io.join(run_dir, "valid.log.tsv")
+    log_file = RunDir(run_dir).valid_log
     with io.open(log_file, "r") as f:
         rows = list(csv.DictReader(f, delimiter="\t"))
     if not rows:

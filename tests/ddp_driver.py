@@ -20,6 +20,11 @@ def main(params: list[str]) -> None:
     dist.init_process_group(backend="gloo")
     try:
         for path in params:
+            # every rank starts a run together: a rank still finishing the previous run must
+            # not find this run's directory already made by rank 0 (its pre-flight check
+            # refuses a save_dir that holds a run); one torchrun launch per run (xdpx train
+            # --nproc) gets this from the rendezvous
+            dist.barrier()
             train.main(["--params", path])
     finally:
         dist.destroy_process_group()

@@ -30,7 +30,12 @@ import pyarrow.parquet as pq
 from xdpx import io
 from xdpx.data.shards import SplitData, flat_column, label_array, split_flat, split_shards
 from xdpx.data.shards import load_split as _load_split  # open_train_split
-from xdpx.train.sampling import epoch_order, length_grouped, shard_epoch_order
+from xdpx.train.sampling import (
+    MEGABATCH_WINDOWS,
+    epoch_order,
+    length_grouped,
+    shard_epoch_order,
+)
 
 __all__ = ["TrainData", "InMemoryData", "LazyData", "LazySplit", "open_train_split"]
 
@@ -50,6 +55,15 @@ class TrainData:
     def set_epoch(self, epoch: int) -> None:
         """Select the order of ``epoch`` (1-based)."""
         raise NotImplementedError
+
+    def group_by_length(self, window_size: int) -> None:
+        """Order epochs in runs of ``MEGABATCH_WINDOWS`` update windows of ``window_size``
+        ids, each sorted by length (``train.group_by_length``).
+
+        Raises:
+            NotImplementedError: a split read shard by shard (``lazy_load``) keeps its order.
+        """
+        raise NotImplementedError("group_by_length needs the split in memory (lazy_load: false)")
 
     def window(self, pos: int, size: int) -> np.ndarray:
         """``[<= size]`` int64 global ids at positions ``pos .. pos + size`` of the epoch order."""
@@ -90,14 +104,18 @@ class InMemoryData(TrainData):
         self._lengths: np.ndarray | None = None
         self._megabatch = 0
 
-    def group_by_length(self, megabatch: int) -> None:
+    def group_by_length(self, window_size: int) -> None:
         """Order each epoch with :func:`xdpx.train.sampling.length_grouped` in runs of
-        ``megabatch`` ids (``train.group_by_length``); call before :meth:`set_epoch`."""
+        ``MEGABATCH_WINDOWS`` update windows of ``window_size`` ids (``train.group_by_length``);
+        call before :meth:`set_epoch`."""
         self._lengths = np.array(
-            [sum(len(part) for part in s) if isinstance(s, tuple) else len(s) for s in self._samples],
+            [
+                sum(len(part) for part in s) if isinstance(s, tuple) else len(s)
+                for s in self._samples
+            ],
             dtype=np.int64,
         )
-        self._megabatch = megabatch
+        self._megabatch = MEGABATCH_WINDOWS * window_size
 
     def set_epoch(self, epoch: int) -> None:
         order = epoch_order(self.n, self.seed, epoch)

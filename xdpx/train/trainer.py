@@ -50,14 +50,7 @@ from xdpx.train.callbacks import Callback, CallbackList, OnEval
 from xdpx.train.diagnosis import find_nonfinite
 from xdpx.train.objectives import Objective, build_objective
 from xdpx.train.runlog import RunLog, progress_bar, train_row
-from xdpx.train.sampling import (
-    MEGABATCH_WINDOWS,
-    micro_batches,
-    place,
-    rank_share,
-    total_updates,
-    update_seed,
-)
+from xdpx.train.sampling import micro_batches, place, rank_share, total_updates, update_seed
 from xdpx.train.state import (
     EvalEvent,
     StopTraining,
@@ -148,9 +141,8 @@ class Trainer:
         self.callbacks = CallbackList([self.logs, *callbacks, *([OnEval(on_eval)] if on_eval else [])])  # fmt: skip
         self.optimizer = optim.build_optimizer(self.module, cfg)
         self.window_size = cfg.batch_size * cfg.update_freq * self.world_size
-        if cfg.group_by_length:  # lazy_load is refused by the config
-            assert isinstance(self.data, InMemoryData)
-            self.data.group_by_length(MEGABATCH_WINDOWS * self.window_size)
+        if cfg.group_by_length:  # lazy_load: refused by the config
+            self.data.group_by_length(self.window_size)
         self.total_updates = total_updates(len(self.data), self.window_size, cfg)
         self.scheduler = optim.build_scheduler(self.optimizer, cfg, self.total_updates)
         self.amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(cfg.precision)
@@ -213,12 +205,8 @@ class Trainer:
                 done = st.num_updates >= self.total_updates or (
                     cfg.max_samples is not None and st.samples_seen >= cfg.max_samples
                 )
-                due = (
-                    cfg.eval_interval > 0
-                    and st.num_updates % cfg.eval_interval == 0
-                    and st.num_updates >= cfg.eval_interval_warmup
-                )
-                if due:
+                due = cfg.eval_interval > 0 and st.num_updates % cfg.eval_interval == 0
+                if due and st.num_updates >= cfg.eval_interval_warmup:
                     done = self._eval_and_save(st.epoch) or done
                 elif cfg.save_interval and st.num_updates % cfg.save_interval == 0:
                     self._save(LAST, {"update": st.num_updates, "epoch": st.epoch}, full=True)
