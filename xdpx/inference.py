@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from xdpx.train.sampling import sample_lengths
+
 __all__ = [
     "Sample",
     "Batch",
@@ -129,8 +131,7 @@ def predict_logits(
     min_len = getattr(model, "min_len", 1)
     order = np.arange(len(seqs))
     if getattr(model, "length_sorted_inference", False):
-        lengths = [sum(map(len, s)) if isinstance(s, tuple) else len(s) for s in seqs]
-        order = np.argsort(lengths, kind="stable")
+        order = np.argsort(sample_lengths(list(seqs)), kind="stable")
     chunks = []
     for i in range(0, len(seqs), batch_size):
         batch = [seqs[j] for j in order[i : i + batch_size]]

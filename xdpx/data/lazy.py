@@ -34,6 +34,7 @@ from xdpx.train.sampling import (
     MEGABATCH_WINDOWS,
     epoch_order,
     length_grouped,
+    sample_lengths,
     shard_epoch_order,
 )
 
@@ -108,13 +109,7 @@ class InMemoryData(TrainData):
         """Order each epoch with :func:`xdpx.train.sampling.length_grouped` in runs of
         ``MEGABATCH_WINDOWS`` update windows of ``window_size`` ids (``train.group_by_length``);
         call before :meth:`set_epoch`."""
-        self._lengths = np.array(
-            [
-                sum(len(part) for part in s) if isinstance(s, tuple) else len(s)
-                for s in self._samples
-            ],
-            dtype=np.int64,
-        )
+        self._lengths = sample_lengths(self._samples)
         self._megabatch = MEGABATCH_WINDOWS * window_size
 
     def set_epoch(self, epoch: int) -> None:

@@ -63,6 +63,7 @@ from xdpx.data import Encoder
 from xdpx.inference import Sample, as_samples, call_model, pad_batch, probs_from_logits
 from xdpx.serving.export import ort_logits, ort_session
 from xdpx.serving.repl import refuse_regression
+from xdpx.train.sampling import sample_lengths
 
 log = logging.getLogger("xdpx.serving.server")
 
@@ -196,7 +197,7 @@ class ServedModel:
         graph's cost grows with the padded width, a transformer's with every padded token).
         The models are padding-invariant, so the numbers do not depend on it.
         """
-        lengths = [sum(len(t) for t in s) if isinstance(s, tuple) else len(s) for s in samples]
+        lengths = sample_lengths(samples).tolist()
         out: list[np.ndarray] = [None] * len(samples)  # type: ignore[list-item]
         for chunk in length_chunks(lengths, self.max_padding):
             logits = self._logits([samples[i] for i in chunk])
