@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from xdpx.train.sampling import sample_lengths
+from xdpx.data.shards import sample_lengths
 
 __all__ = [
     "Sample",

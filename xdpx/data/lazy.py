@@ -28,13 +28,19 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from xdpx import io
-from xdpx.data.shards import SplitData, flat_column, label_array, split_flat, split_shards
+from xdpx.data.shards import (
+    SplitData,
+    flat_column,
+    label_array,
+    sample_lengths,
+    split_flat,
+    split_shards,
+)
 from xdpx.data.shards import load_split as _load_split  # open_train_split
 from xdpx.train.sampling import (
     MEGABATCH_WINDOWS,
     epoch_order,
     length_grouped,
-    sample_lengths,
     shard_epoch_order,
 )
 

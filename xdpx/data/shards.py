@@ -78,6 +78,13 @@ class SplitData:
         return bool(len(self.labels)) and bool((self.labels >= 0).all())
 
 
+def sample_lengths(samples: list) -> np.ndarray:
+    """``[n]`` int64 tokens per sample: an id array's length, a pair's two lengths summed."""
+    return np.array(
+        [sum(map(len, s)) if isinstance(s, tuple) else len(s) for s in samples], dtype=np.int64
+    )
+
+
 def _list_array(seqs: Sequence[Sequence[int]]) -> pa.Array:
     lengths = np.fromiter((len(s) for s in seqs), dtype=np.int32, count=len(seqs))
     offsets = np.zeros(len(seqs) + 1, dtype=np.int32)

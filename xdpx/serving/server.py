@@ -60,10 +60,10 @@ from starlette.routing import Match, Route
 from xdpx import io
 from xdpx.config import HF_MODELS
 from xdpx.data import Encoder
+from xdpx.data.shards import sample_lengths
 from xdpx.inference import Sample, as_samples, call_model, pad_batch, probs_from_logits
 from xdpx.serving.export import ort_logits, ort_session
 from xdpx.serving.repl import refuse_regression
-from xdpx.train.sampling import sample_lengths
 
 log = logging.getLogger("xdpx.serving.server")
 

@@ -34,13 +34,6 @@ def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
 MEGABATCH_WINDOWS = 50
 
 
-def sample_lengths(samples: list) -> np.ndarray:
-    """``[n]`` int64 tokens per sample: an id array's length, a pair's two lengths summed."""
-    return np.array(
-        [sum(map(len, s)) if isinstance(s, tuple) else len(s) for s in samples], dtype=np.int64
-    )
-
-
 def length_grouped(order: np.ndarray, lengths: np.ndarray, megabatch: int) -> np.ndarray:
     """``order`` with each run of ``megabatch`` consecutive ids sorted by length, longest
     first: the windows cut from it hold texts of similar length, so a batch padded to its
