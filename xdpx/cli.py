@@ -393,6 +393,7 @@ def doctor(
     fast: bool = typer.Option(False, "--fast", help="Skip overfitting one batch: the subset train.preflight_doctor runs."),
     json_out: bool = typer.Option(False, "--json", help="Also write the findings to --json-path."),
     json_path: str = typer.Option("reports/doctor.json", "--json-path", help="Where --json writes."),
+    learning_seconds: float = typer.Option(None, "--learning-seconds", min=0.1, help="The learning check's training budget (s; default 8): it trains on the rows this affords, 300 to 1,000; a large value always takes 1,000, so busy and idle machines judge on the same rows."),
 ) -> None:  # fmt: skip
     """Run the training-debugging checklists on your config, data and model before a long run.
 
@@ -413,6 +414,8 @@ def doctor(
     `xdpx doctor params/bert-minilm.yaml --json`
 
     `xdpx doctor train.model=textcnn train.learning_rate=0.1`
+
+    `xdpx doctor --learning-seconds 60` (the learning check on its full 1,000 rows)
     """
     import time
 
@@ -432,7 +435,10 @@ def doctor(
             typer.echo("      " + line)
 
     with _user_errors():
-        checks = run_checks(params, args, fast=fast, on_check=show)
+        from xdpx.doctor.fitting import LEARN_SECONDS
+
+        budget = LEARN_SECONDS if learning_seconds is None else learning_seconds
+        checks = run_checks(params, args, fast=fast, on_check=show, learning_seconds=budget)
         counts = {s: sum(c.status == s for c in checks) for s in ("ok", "warn", "fail", "skip")}
         typer.echo(
             f"doctor: {len(checks)} checks in {time.perf_counter() - start:.1f} s: "

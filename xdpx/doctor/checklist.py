@@ -42,7 +42,7 @@ from xdpx.doctor.data_checks import (
     check_num_labels,
     check_split_consistency,
 )
-from xdpx.doctor.fitting import check_learning, check_overfit_batch
+from xdpx.doctor.fitting import LEARN_SECONDS, check_learning, check_overfit_batch
 from xdpx.doctor.gradients import check_data_order, check_grad_flow, check_padding, check_reduction
 from xdpx.doctor.optimization import (
     LR_RANGES,
@@ -121,6 +121,7 @@ def run_checklist(
     on_check: Callable[[Check], None] | None = None,
     setup: TrainSetup | None = None,
     skip: Collection[str] = (),
+    learning_seconds: float = LEARN_SECONDS,
 ) -> list[Check]:
     """Run the training checklist on the data and model of ``cfg``.
 
@@ -130,6 +131,10 @@ def run_checklist(
         on_check: called with each finding as soon as it is made (progress output).
         setup: ``cfg`` resolved by :func:`xdpx.train.setup.resolve` when the caller has it.
         skip: names of :data:`CHECKS` not to run (e.g. ``learning``, the slowest).
+        learning_seconds: the learning check's training budget in seconds of this machine
+            (:func:`xdpx.doctor.fitting.check_learning`): the rows it trains on are what the
+            budget affords, from 300 to 1,000, so a busy or slow machine judges on fewer rows;
+            a large budget always takes 1,000 (same rows, same verdict on any machine).
 
     Returns:
         The findings in :data:`CHECKS` order. A check that raises becomes a FAIL naming the
@@ -167,7 +172,7 @@ def run_checklist(
                 c = Check("skip", name, f"needs {' and '.join(blocked)} to pass (see its FAIL above)")  # fmt: skip
             else:
                 try:
-                    c = fn(probe)
+                    c = fn(probe, max_seconds=learning_seconds) if fn is check_learning else fn(probe)  # fmt: skip
                 except Exception as e:  # noqa: BLE001
                     c = Check("fail", name, f"the check crashed: {type(e).__name__}: {e}")
             c.seconds = time.perf_counter() - t0

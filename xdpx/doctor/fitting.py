@@ -101,6 +101,8 @@ HELD_OUT_ROWS = 500
 #: The learning check's training rows: at most (more data mostly favours the model: the
 #: reference is fit on the same rows), and at least when the budget allows fewer.
 LEARN_MAX_ROWS = 1000
+#: Seconds of training the learning check aims for by default (``xdpx doctor --learning-seconds``).
+LEARN_SECONDS = 8.0
 MIN_FIT_ROWS = 300
 
 
@@ -171,7 +173,7 @@ def _control_model(p: Probe, defaults: dict[str, Any]) -> torch.nn.Module:
     return model.train()
 
 
-def check_learning(p: Probe, max_seconds: float = 8.0) -> Check:
+def check_learning(p: Probe, max_seconds: float = LEARN_SECONDS) -> Check:
     """Train the config as ``xdpx train`` would on rows of the alignment check's sample and
     score held-out rows of it against the bag-of-tokens reference (LinearSVC on TF-IDF
     1-2-grams of the token ids) fit on the same training rows.

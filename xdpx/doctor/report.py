@@ -23,6 +23,7 @@ import numpy as np
 from xdpx import io
 from xdpx.config import ConfigError, Params, load_params
 from xdpx.doctor.checklist import Check, run_checklist
+from xdpx.doctor.fitting import LEARN_SECONDS
 
 if TYPE_CHECKING:
     from xdpx.data.meta import PreparedMeta
@@ -157,6 +158,7 @@ def run_checks(
     overrides: list[str] | None = None,
     fast: bool = False,
     on_check: Callable[[Check], None] | None = None,
+    learning_seconds: float = LEARN_SECONDS,
 ) -> list[Check]:
     """Every check, in order: environment, config, DVC setup, data, then the training
     checklist (:func:`xdpx.doctor.checklist.run_checklist`) when the prepared data exists.
@@ -166,6 +168,7 @@ def run_checks(
         overrides: ``key=value`` overrides as on the command line.
         fast: the checklist's fast subset only (what ``train.preflight_doctor`` runs).
         on_check: called with each finding as it is made (progress output).
+        learning_seconds: the learning check's budget (:func:`run_checklist`).
 
     Returns:
         The findings; a ``fail`` means a run would not start or would not learn.
@@ -196,7 +199,7 @@ def run_checks(
     from xdpx.data import PreparedMeta
 
     if io.exists(PreparedMeta.path_in(params.train.data_dir)):
-        run_checklist(params.train, fast=fast, on_check=lambda c: emit([c]))
+        run_checklist(params.train, fast=fast, on_check=lambda c: emit([c]), learning_seconds=learning_seconds)  # fmt: skip
     return out
 
 
