@@ -163,40 +163,39 @@ def _experiment_rows(shown: list) -> Iterator[dict]:
                 yield rev["data"]
 
 
-def test_exp_run_set_param_lists_metric(project):
-    """`dvc exp run -S train.learning_rate=0.003` reruns train and after, and `dvc exp show`
-    lists that experiment with the param and the metrics it wrote."""
+def test_exp_run_set_params_lists_metric_and_moving_save_dir_moves_the_downstream(project):
+    """`dvc exp run -S train.learning_rate=0.003 -S train.save_dir=models/other` (one run of
+    the pipeline for both: each is ~30 s of stage processes here):
+
+    - it reruns train and after, not fetch or prepro, and `dvc exp show` lists that
+      experiment with the param and the metrics it wrote;
+    - evaluate, predict and export read models/other/best (dvc.lock records its hash as
+      their dep) and export writes under it; the dev metrics are those of models/other's
+      best validation row.
+    """
+    import pandas as pd
+
     root, env = project
     with restored(root, env):
-        out = sh("dvc", "exp", "run", "-S", "train.learning_rate=0.003", cwd=root, env=env)
+        out = sh("dvc", "exp", "run", "-S", "train.learning_rate=0.003",
+                 "-S", "train.save_dir=models/other", cwd=root, env=env)  # fmt: skip
         assert "Running stage 'train'" in out
         assert "Running stage 'fetch'" not in out and "Running stage 'prepro'" not in out
         written = json.loads((root / "reports/metrics.json").read_text())
         shown = json.loads(sh("dvc", "exp", "show", "--json", cwd=root, env=env))
+        lock = yaml.safe_load((root / "dvc.lock").read_text())["stages"]
+        assert (root / "models/other/export/model.onnx").exists()
+        valid = pd.read_csv(root / "models/other/valid.log.tsv", sep="\t")
     row = next(
         d
         for d in _experiment_rows(shown)
         if d["params"]["params.yaml"]["data"]["train"]["learning_rate"] == 0.003
     )
+    assert row["params"]["params.yaml"]["data"]["train"]["save_dir"] == "models/other"
     assert row["metrics"]["reports/metrics.json"]["data"] == written
     assert 0 <= written["test"]["accuracy"] <= 1
-
-
-def test_exp_run_moving_save_dir_moves_the_downstream(project):
-    """`dvc exp run -S train.save_dir=models/other`: evaluate, predict and export read
-    models/other/best (dvc.lock records its hash as their dep) and export writes under it;
-    the dev metrics are those of models/other's best validation row."""
-    import pandas as pd
-
-    root, env = project
-    with restored(root, env):
-        sh("dvc", "exp", "run", "-S", "train.save_dir=models/other", cwd=root, env=env)
-        lock = yaml.safe_load((root / "dvc.lock").read_text())["stages"]
-        assert (root / "models/other/export/model.onnx").exists()
-        metrics = json.loads((root / "reports/metrics.json").read_text())
-        valid = pd.read_csv(root / "models/other/valid.log.tsv", sep="\t")
     best = next(o for o in lock["train"]["outs"] if o["path"] == "models/other/best")
     for stage in ("evaluate", "predict", "export"):
         dep = next(d for d in lock[stage]["deps"] if d["path"] == "models/other/best")
         assert dep["md5"] == best["md5"], stage
-    assert metrics["dev"]["accuracy"] == pytest.approx(valid["accuracy"].max(), abs=1e-6)
+    assert written["dev"]["accuracy"] == pytest.approx(valid["accuracy"].max(), abs=1e-6)
