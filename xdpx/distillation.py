@@ -126,9 +126,9 @@ class TransferPaths(_Strict):
 class Grid(_Strict):
     """``grid``: every combination is one student run, scored on dev."""
 
-    alpha: list[float] = Field([0.5, 0.9], min_length=1, description="train.distill_alpha values.")
+    alpha: list[float] = Field([0.3, 0.5], min_length=1, description="train.distill_alpha values.")
     temperature: list[float] = Field([2.0, 4.0], min_length=1, description="train.distill_temperature values.")  # fmt: skip
-    copies: list[int] = Field([4, 20], min_length=1, description="Augmented copies per text (k).")
+    copies: list[int] = Field([0, 1], min_length=1, description="Augmented copies per text (k).")
 
     @field_validator("alpha")
     @classmethod
