@@ -17,34 +17,34 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _share)))
 
 # The slowest test files, slowest first (seconds per file measured under `make test` on
-# 2 cores, 2026-11-28: doctor 116, deploy 90, hf 79, dvc_queue 74, dvc 67, remote 66,
-# multinode 59, scale 53, flow 51, distill_pipeline 48, suite 47, distributed 45, gpu_check 45,
-# dvc_remote 41, bench_scale 40, cv 35, mlm 27, record 26, resume 25, freelb 24, server 20;
-# every other file under 20). They start first, longest first, so that under pytest-xdist no
-# long file is left to run alone at the end. This needs `--no-loadscope-reorder` (the Makefile
-# passes it): by default pytest-xdist >= 3.6 reorders files by their number of tests, which put
-# these (1-13 tests each) last and left one worker idle for ~5 of the suite's 16 minutes.
+# 2 cores, 2026-11-28: dvc 141, doctor 101, multinode 92, hf 90, scale 87, distributed 82,
+# deploy 75, dvc_queue 67, remote 63, flow 58, cv 48, gpu_check 47, bench_scale 44, suite 44,
+# dvc_remote 43, mlm 33, record 28, freelb 23, resume 21, server 21; every other file under
+# 20). They start first, longest first, so that under pytest-xdist no long file is left to
+# run alone at the end. This needs `--no-loadscope-reorder` (the Makefile passes it): by
+# default pytest-xdist >= 3.6 reorders files by their number of tests, which put these (1-13
+# tests each) last and left one worker idle for ~5 of the suite's 16 minutes.
 _SLOW_FIRST = (
-    "test_doctor.py",
-    "test_deploy.py",
-    "test_hf.py",
-    "test_dvc_queue.py",
     "test_dvc.py",
-    "test_remote.py",
-    "test_multinode.py",
-    "test_scale.py",
-    "test_flow.py",
     "test_distill_pipeline.py",
-    "test_suite.py",
+    "test_doctor.py",
+    "test_multinode.py",
+    "test_hf.py",
+    "test_scale.py",
     "test_distributed.py",
-    "test_gpu_check.py",
-    "test_dvc_remote.py",
-    "test_bench_scale.py",
+    "test_deploy.py",
+    "test_dvc_queue.py",
+    "test_remote.py",
+    "test_flow.py",
     "test_cv.py",
+    "test_gpu_check.py",
+    "test_bench_scale.py",
+    "test_suite.py",
+    "test_dvc_remote.py",
     "test_mlm.py",
     "test_record.py",
-    "test_resume.py",
     "test_freelb.py",
+    "test_resume.py",
     "test_server.py",
 )
 
