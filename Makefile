@@ -34,8 +34,8 @@ $(VENV)/.installed: pyproject.toml setup.py
 	$(VENV)/bin/uv pip install -q --python $(PY) --no-deps $(SUITE_DATA) $(E5_WHEELS)
 	$(VENV)/bin/uv pip install -q --python $(PY) $(SUITE_FASTTEXT)
 	# bytecode for all of it on every core (pip compiles file by file on one: ~20 s more on
-	# 2 cores). Not by importing what runs: under PYTHONDONTWRITEBYTECODE=1 (set here and in
-	# CI) imports write nothing, and every process compiled again (tests 951 s against 609 s).
+	# 2 cores). Not by importing what runs: under PYTHONDONTWRITEBYTECODE=1 (set on these
+	# machines) imports write nothing, and every process compiled again (tests 951 s, not 609 s).
 	# Like pip, this skips the odd third-party file that is not Python 3.11 (torch
 	# ships one for 3.12): compileall's status is 1 for it, and the install goes on.
 	$(PY) -m compileall -qq -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || true
