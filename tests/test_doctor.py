@@ -52,8 +52,8 @@ def read_tsv(path: Path) -> pd.DataFrame:
 def report(data_dir: str, learning: bool | float = False, only: tuple[str, ...] = (), **train) -> dict:  # fmt: skip
     """The checklist's findings by name (``threads=1``: tests share the cores); the learning
     check (two short trainings) only with ``learning``: the tests of one injected bug each
-    do not need it (a number: its budget in seconds; a large one trains on 1,000 rows on a
-    busy machine too); ``only``: just these checks."""
+    do not need it (a number: its budget in seconds; a large one trains on all the sample's
+    training rows, up to 1,000, on a busy machine too); ``only``: just these checks."""
     skip = {name for name, _ in CHECKS if only and name not in only}
     skip |= set() if learning else {"learning"}
     budget = {} if isinstance(learning, bool) else {"learning_seconds": learning}
@@ -142,8 +142,8 @@ def test_a_dropout_that_keeps_textcnn_from_learning_is_named_by_the_learning_che
     with the model's defaults on the same rows."""
     _, prepared = real_subset
     only = ("alignment", "overfit_batch", "learning")
-    # the 1,000 rows a large budget affords: with the default 8 s the rows depend on the
-    # machine's load (on 512 rows under load: 0.591 against the defaults' 0.666, not a WARN)
+    # all 640 training rows of the sample, which a large budget affords: with the default 8 s
+    # the rows depend on the machine's load (on 512 rows under load: 0.591 against the defaults' 0.666, not a WARN)
     found = report(prepared, learning=600.0, only=only, model="textcnn", dropout=0.95)
     learning = found["learning"]
     assert learning.status in ("warn", "fail"), learning.line()

@@ -393,7 +393,7 @@ def doctor(
     fast: bool = typer.Option(False, "--fast", help="Skip overfitting one batch: the subset train.preflight_doctor runs."),
     json_out: bool = typer.Option(False, "--json", help="Also write the findings to --json-path."),
     json_path: str = typer.Option("reports/doctor.json", "--json-path", help="Where --json writes."),
-    learning_seconds: float = typer.Option(None, "--learning-seconds", min=0.1, help="The learning check's training budget (s; default 8): it trains on the rows this affords, 300 to 1,000; a large value always takes 1,000, so busy and idle machines judge on the same rows."),
+    learning_seconds: float = typer.Option(None, "--learning-seconds", min=0.1, help="The learning check's training budget (s; default 8): it trains on the rows this affords, 300 to 1,000; a large value takes all the sample's training rows (up to 1,000), so busy and idle machines judge on the same rows."),
 ) -> None:  # fmt: skip
     """Run the training-debugging checklists on your config, data and model before a long run.
 
@@ -415,7 +415,7 @@ def doctor(
 
     `xdpx doctor train.model=textcnn train.learning_rate=0.1`
 
-    `xdpx doctor --learning-seconds 60` (the learning check on its full 1,000 rows)
+    `xdpx doctor --learning-seconds 60` (the learning check on all its rows, up to 1,000)
     """
     import time
 
@@ -435,7 +435,7 @@ def doctor(
             typer.echo("      " + line)
 
     with _user_errors():
-        from xdpx.doctor.fitting import LEARN_SECONDS
+        from xdpx.doctor.checks import LEARN_SECONDS
 
         budget = LEARN_SECONDS if learning_seconds is None else learning_seconds
         checks = run_checks(params, args, fast=fast, on_check=show, learning_seconds=budget)

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from xdpx.config import TrainConfig
-from xdpx.doctor.checks import Check, Probe
+from xdpx.doctor.checks import LEARN_SECONDS, Check, Probe
 from xdpx.doctor.data_checks import (
     check_alignment,
     check_first_batch,
@@ -42,7 +42,7 @@ from xdpx.doctor.data_checks import (
     check_num_labels,
     check_split_consistency,
 )
-from xdpx.doctor.fitting import LEARN_SECONDS, check_learning, check_overfit_batch
+from xdpx.doctor.fitting import check_learning, check_overfit_batch
 from xdpx.doctor.gradients import check_data_order, check_grad_flow, check_padding, check_reduction
 from xdpx.doctor.optimization import (
     LR_RANGES,
@@ -134,7 +134,8 @@ def run_checklist(
         learning_seconds: the learning check's training budget in seconds of this machine
             (:func:`xdpx.doctor.fitting.check_learning`): the rows it trains on are what the
             budget affords, from 300 to 1,000, so a busy or slow machine judges on fewer rows;
-            a large budget always takes 1,000 (same rows, same verdict on any machine).
+            a large budget takes all the sample's training rows, up to 1,000 (same rows, same
+            verdict on any machine).
 
     Returns:
         The findings in :data:`CHECKS` order. A check that raises becomes a FAIL naming the
@@ -157,6 +158,7 @@ def run_checklist(
     start = time.perf_counter()
     try:
         probe = Probe.open(cfg, setup)
+        probe.learning_seconds = learning_seconds
     except Exception as e:  # noqa: BLE001 - reported, not raised: the doctor goes on
         emit(Check("fail", "model", f"cannot build {cfg.model} on {cfg.data_dir}: {e}"))
         return out
@@ -172,7 +174,7 @@ def run_checklist(
                 c = Check("skip", name, f"needs {' and '.join(blocked)} to pass (see its FAIL above)")  # fmt: skip
             else:
                 try:
-                    c = fn(probe, max_seconds=learning_seconds) if fn is check_learning else fn(probe)  # fmt: skip
+                    c = fn(probe)
                 except Exception as e:  # noqa: BLE001
                     c = Check("fail", name, f"the check crashed: {type(e).__name__}: {e}")
             c.seconds = time.perf_counter() - t0

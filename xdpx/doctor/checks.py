@@ -55,6 +55,10 @@ class Check:
 
 
 # ---------------------------------------------------------------------------- the probe
+#: Seconds of training the learning check aims for by default (:attr:`Probe.learning_seconds`).
+LEARN_SECONDS = 8.0
+
+
 @dataclass
 class Probe:
     """What the checks share: the config, the prepared data as the trainer reads it and the
@@ -69,6 +73,8 @@ class Probe:
         tokens: ``vocab.txt`` in id order.
         workdir: a temporary directory for the trainers' (unused) save_dirs, removed by
             :meth:`close`.
+        learning_seconds: the learning check's training budget in seconds of this machine
+            (:func:`xdpx.doctor.fitting.check_learning`; ``xdpx doctor --learning-seconds``).
     """
 
     cfg: TrainConfig
@@ -78,6 +84,7 @@ class Probe:
     model_config: dict[str, Any]
     tokens: list[str]
     workdir: str = field(default_factory=lambda: io.mkdtemp("xdpx-doctor-"))
+    learning_seconds: float = LEARN_SECONDS
     #: results one check leaves for a later one (the alignment classifier's features)
     shared: dict[str, Any] = field(default_factory=dict)
 

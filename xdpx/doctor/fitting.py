@@ -101,8 +101,6 @@ HELD_OUT_ROWS = 500
 #: The learning check's training rows: at most (more data mostly favours the model: the
 #: reference is fit on the same rows), and at least when the budget allows fewer.
 LEARN_MAX_ROWS = 1000
-#: Seconds of training the learning check aims for by default (``xdpx doctor --learning-seconds``).
-LEARN_SECONDS = 8.0
 MIN_FIT_ROWS = 300
 
 
@@ -173,7 +171,7 @@ def _control_model(p: Probe, defaults: dict[str, Any]) -> torch.nn.Module:
     return model.train()
 
 
-def check_learning(p: Probe, max_seconds: float = LEARN_SECONDS) -> Check:
+def check_learning(p: Probe) -> Check:
     """Train the config as ``xdpx train`` would on rows of the alignment check's sample and
     score held-out rows of it against the bag-of-tokens reference (LinearSVC on TF-IDF
     1-2-grams of the token ids) fit on the same training rows.
@@ -181,7 +179,7 @@ def check_learning(p: Probe, max_seconds: float = LEARN_SECONDS) -> Check:
     Sizes: up to :data:`HELD_OUT_ROWS` rows are held out (a third of the sample when
     smaller); the model trains on as many of the others (:data:`MIN_FIT_ROWS` to
     :data:`LEARN_MAX_ROWS`) as its full schedule (``max_epoch`` epochs, or ``max_update``)
-    allows in ``max_seconds``, timed by one update of a throwaway copy; the reference sees
+    allows in ``p.learning_seconds`` (8 by default), timed by one update of a throwaway copy; the reference sees
     the same rows. With ``m`` the majority-class rate of the held-out rows, ``r`` the
     reference's accuracy, ``a`` the config's and ``se`` the binomial standard error of an
     accuracy on them, the config *keeps up* when ``a - m >= (r - m) / 2`` or ``r - a <= 3
@@ -203,6 +201,7 @@ def check_learning(p: Probe, max_seconds: float = LEARN_SECONDS) -> Check:
     their defaults on 300 rows scored 0.606 and 0.538 against 0.72 (docs/doctor.md). The
     settings that differ are named as the suspects (:func:`suspect_settings`).
     """
+    max_seconds = p.learning_seconds
     bag = p.shared.get("bag")
     if bag is None or bag["pvalue"] >= 1e-3:
         return Check("skip", "learning", "needs the alignment check's reference (alignment OK)")  # fmt: skip

@@ -23,7 +23,7 @@ import numpy as np
 from xdpx import io
 from xdpx.config import ConfigError, Params, load_params
 from xdpx.doctor.checklist import Check, run_checklist
-from xdpx.doctor.fitting import LEARN_SECONDS
+from xdpx.doctor.checks import LEARN_SECONDS
 
 if TYPE_CHECKING:
     from xdpx.data.meta import PreparedMeta
