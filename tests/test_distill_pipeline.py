@@ -192,18 +192,19 @@ def test_a_copies_subset_is_the_per_text_prefix_of_the_copies(tmp_path):
     rows = ["id\ttext\tlabel\torigin\tgold"]
     texts = [("t0", "train"), ("t1", "train")]
     texts += [(f"t{i}c{c}", "augment") for i in range(2) for c in range(3)]
-    texts += [("u0", "unlabelled")]
+    texts += [("n0", "neighbour"), ("u0", "unlabelled")]
     rows += [f"{n}\t{t}\tx\t{o}\t1" for n, (t, o) in enumerate(texts)]
     src = tmp_path / "labelled.tsv"
     src.write_text("\n".join(rows) + "\n")
     out = tmp_path / "k1.tsv"
-    assert write_copies_subset(str(src), str(out), 3, 1) == 5
+    assert write_copies_subset(str(src), str(out), 3, 1) == 6
     got = [r.split("\t")[:2] for r in out.read_text().splitlines()[1:]]
-    assert got == [["0", "t0"], ["1", "t1"], ["2", "t0c0"], ["3", "t1c0"], ["4", "u0"]]
+    assert got == [["0", "t0"], ["1", "t1"], ["2", "t0c0"], ["3", "t1c0"], ["4", "n0"], ["5", "u0"]]  # fmt: skip
+    assert write_copies_subset(str(src), str(out), 3, 0) == 4  # k 0: the recombined pairs stay
     with pytest.raises(ValueError, match="holds 3 copies"):
         write_copies_subset(str(src), str(out), 3, 4)
     with pytest.raises(
-        ValueError, match="6 copies before the unlabelled rows, expected 2 texts x 4"
+        ValueError, match="6 copies before the neighbour rows, expected 2 texts x 4"
     ):
         write_copies_subset(str(src), str(out), 4, 1)
 

@@ -13,7 +13,7 @@ from flows.corpora import package_file, read_stsb
 from stages import predict, prepro, train
 from xdpx.config import DistillConfig, PredictConfig, PreproConfig, TrainConfig
 from xdpx.data import DataError, load_split
-from xdpx.data.augment import Augmenter
+from xdpx.data.augment import Augmenter, neighbour_pairs
 from xdpx.train.distill import load_teacher
 from xdpx.train.objectives import Distillation, build_objective
 from xdpx.train.transfer import _transfer_chunks, build_transfer_set, label_transfer_set, main
@@ -54,7 +54,11 @@ def test_transfer_set_streams_and_holds_train_then_copies_then_unlabelled(small)
         cfg.model_copy(update={"chunk_rows": 7, "out_file": str(small / "t-7.tsv")}), PreproConfig()
     )
     assert (small / "t-7.tsv").read_bytes() == (small / "t-whole.tsv").read_bytes()
-    assert whole.counts == chunked.counts == {"train": 60, "augment": 120, "unlabelled": 25}
+    assert (
+        whole.counts
+        == chunked.counts
+        == {"train": 60, "augment": 120, "neighbour": 0, "unlabelled": 25}
+    )
     assert whole.tokenizer == "char"  # prepro's auto rule on Chinese reviews
     t = _read(str(small / "t-whole.tsv"))
     assert list(t.columns) == ["id", "text", "label", "origin"]
@@ -96,6 +100,15 @@ def test_pairs_get_each_side_augmented(tmp_path):
     aug_rows = t[t["origin"] == "augment"]
     assert (aug_rows["text1"] != aug_rows["text2"]).all()
     assert aug_rows["text2"].str.contains(r"\[MASK\]").mean() > 0.5
+    # then the recombined pairs (pair_neighbours 3 by default), written in chunks of 6
+    made = neighbour_pairs([a for a, _, _ in rows], [b for _, b, _ in rows], 3)
+    assert result.counts["neighbour"] == len(made) > 100
+    nb = t[t["origin"] == "neighbour"]
+    assert nb.index.tolist() == list(range(80, 80 + len(made)))
+    assert list(zip(nb["text1"], nb["text2"], strict=True)) == [(a, b) for *_, a, b in made]
+    assert set(nb["label"]) == {""}
+    none = build_transfer_set(cfg.model_copy(update={"pair_neighbours": 0}), pp)
+    assert none.counts["neighbour"] == 0 and none.rows == 80
 
 
 @pytest.fixture(scope="module")

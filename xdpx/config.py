@@ -770,7 +770,8 @@ class DistillConfig(_Section):
 
     Not a DAG stage: ``python -m xdpx.train.transfer build|label`` (docs/trainer.md,
     distillation). ``build`` writes ``out_file``: the train file's rows, then
-    ``augment_copies`` augmented copies of each (:mod:`xdpx.data.augment`), then the
+    ``augment_copies`` augmented copies of each (:mod:`xdpx.data.augment`), then (pair
+    tasks) ``pair_neighbours`` recombined pairs per side of each train pair, then the
     ``unlabelled`` texts; ``label`` adds the ``teacher``'s logits to every row in
     ``labelled_file``, which is both the student's train file and its ``train.distill_from``.
     The files are read with the ``prepro`` section's format and column names.
@@ -789,6 +790,14 @@ class DistillConfig(_Section):
         20,
         ge=0,
         description="Augmented copies per train text (Tang et al. 2019: n_iter 20 on SST-2).",
+    )
+    pair_neighbours: int = Field(
+        3,
+        ge=0,
+        description="Pair tasks (prepro.text2_column set): per side of each train pair, new "
+        "pairs of its text with its k nearest other train texts by TF-IDF cosine, for the teacher "
+        "to label (Thakur et al. 2021, Augmented SBERT's BM25 sampling); 0 = none; single texts: "
+        "ignored. 3: chosen on STS-B dev against 0 and 1 (docs/distillation.md).",
     )
     tokenizer: Literal["auto", "char", "word"] = Field(
         "auto",

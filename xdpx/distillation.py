@@ -28,11 +28,11 @@ same way):
 
 **Copies of the grid.** The transfer file holds, after the ``n`` train rows, ``k_max``
 copies of each train text in a row (copy ``c`` of text ``i`` at row ``n + i * k_max + c``),
-then the unlabelled rows. Copy ``c`` of text ``i`` draws from
-``default_rng([seed, i, c, side])`` whatever ``k_max`` is, so the first ``k`` copies of each
-text are exactly the copies a build with ``augment_copies = k`` makes: a smaller ``k`` is
-the *per-text* prefix of the copies (not a prefix of the file), which
-:func:`write_copies_subset` streams out of the labelled file (ids renumbered). The teacher
+then the recombined pairs (``neighbour``, pair tasks), then the unlabelled rows. Copy ``c``
+of text ``i`` draws from ``default_rng([seed, i, c, side])`` whatever ``k_max`` is, so the
+first ``k`` copies of each text are exactly the copies a build with ``augment_copies = k``
+makes: a smaller ``k`` is the *per-text* prefix of the copies (not a prefix of the file),
+which :func:`write_copies_subset` streams out of the labelled file (ids renumbered). The teacher
 labels each row alone (eval mode), so the subset's logits are those a ``k`` build would get
 up to float rounding of other batch shapes.
 
@@ -446,8 +446,8 @@ def _lines(path: str) -> Iterator[str]:
 def write_copies_subset(labelled_file: str, out_file: str, built: int, copies: int) -> int:
     """Stream the labelled transfer set (built with ``built`` copies per text) into
     ``out_file`` with the first ``copies`` copies of each text (module docstring): the train
-    rows, copies ``0 .. copies-1`` of each text, the unlabelled rows; ids renumbered
-    ``0, 1, ...``. Written atomically; returns the rows written.
+    rows, copies ``0 .. copies-1`` of each text, the recombined pairs, the unlabelled rows;
+    ids renumbered ``0, 1, ...``. Written atomically; returns the rows written.
 
     Raises:
         ConfigError: ``copies`` > ``built``.
@@ -477,9 +477,9 @@ def write_copies_subset(labelled_file: str, out_file: str, built: int, copies: i
                 aug_seen += 1
                 if (aug_seen - 1) % built >= copies:
                     continue
-            if origin == "unlabelled" and aug_seen != n_train * built:
+            if origin in ("neighbour", "unlabelled") and aug_seen != n_train * built:
                 raise DataError(
-                    f"{labelled_file}:{n}: {aug_seen} copies before the unlabelled rows, "
+                    f"{labelled_file}:{n}: {aug_seen} copies before the {origin} rows, "
                     f"expected {n_train} texts x {built}"
                 )
             fields[0] = str(rows)

@@ -13,7 +13,10 @@ rows, whatever the file sizes):
    this order: every kept row of ``distill.train_file`` (``origin`` ``train``, its gold
    label); then, for each of them in turn, ``augment_copies`` copies (``augment``, copy
    ``c`` of text ``i``: :meth:`xdpx.data.augment.Augmenter.copy`; a pair's two texts are
-   augmented each, as sides 0 and 1); then every kept row of the ``unlabelled`` file(s)
+   augmented each, as sides 0 and 1); then, for a pair task, ``pair_neighbours`` recombined
+   pairs per side of each train pair (``neighbour``: a text with its nearest other train
+   texts, :func:`xdpx.data.augment.neighbour_pairs`; this step holds the train texts in
+   memory); then every kept row of the ``unlabelled`` file(s)
    (``unlabelled``; a label column named in their header is ignored, empty or not).
 2. :func:`label_transfer_set` (``python -m xdpx.train.transfer label``) runs the teacher
    checkpoint over every row (eager, ``batch_size`` at a time, as ``stages.predict``) and
@@ -52,7 +55,7 @@ from pydantic import BaseModel
 from xdpx import io
 from xdpx.config import ConfigError, DistillConfig, PreproConfig, load_params
 from xdpx.data import DataError, Encoder, PreparedMeta
-from xdpx.data.augment import Augmenter
+from xdpx.data.augment import Augmenter, neighbour_pairs
 from xdpx.data.readers import iter_examples
 from xdpx.data.tokenizers import detect_tokenizer
 from xdpx.train.distill import (
@@ -80,7 +83,7 @@ __all__ = [
 
 ORIGIN_COLUMN = "origin"
 #: The ``origin`` values, in file order.
-ORIGINS = ("train", "augment", "unlabelled")
+ORIGINS = ("train", "augment", "neighbour", "unlabelled")
 
 
 class TransferResult(BaseModel):
@@ -220,6 +223,17 @@ def build_transfer_set(cfg: DistillConfig, prepro: PreproConfig) -> TransferResu
                     unchanged += same
             index += len(texts)
             write(out, out2, [""] * len(out), "augment")
+        if pair and cfg.pair_neighbours:
+            first: list[str] = []
+            second: list[str] = []
+            for texts, texts2, _ in rows_of(cfg.train_file, True):
+                first += texts
+                second += texts2  # type: ignore[arg-type]
+            made = neighbour_pairs(first, second, cfg.pair_neighbours)
+            del first, second
+            for lo in range(0, len(made), cfg.chunk_rows):
+                part = made[lo : lo + cfg.chunk_rows]
+                write([a for *_, a, _ in part], [t for *_, t in part], [""] * len(part), "neighbour")  # fmt: skip
         no_label = prepro.model_copy(update={"label_column": "\x00"})  # a header's label: ignored
         for path in unlabelled:
             for texts, texts2, _ in rows_of(path, False, no_label):
