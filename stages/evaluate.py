@@ -100,7 +100,10 @@ def run(cfg: EvaluateConfig) -> EvaluateResult:
         df = pd.read_csv(io.open(valid_log), sep="\t")
         major = _major_metric(run_dir)
         if major in df.columns and len(df):
-            save_figure(valid_curve_figure(df, major, METRIC_DIRECTIONS[major]), cfg.curve_png)
+            # a config made by model_copy(update={"curve_png": None}) skipped the validator
+            # that puts it beside confusion_png: not a file named "None" in the cwd
+            curve = cfg.curve_png or io.join(io.dirname(cfg.confusion_png), "valid_curve.png")
+            save_figure(valid_curve_figure(df, major, METRIC_DIRECTIONS[major]), curve)
     return EvaluateResult(
         checkpoint=ckpt.path,
         metrics=metrics,

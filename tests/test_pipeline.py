@@ -84,6 +84,12 @@ def test_evaluate_dev_score_equals_best_logged(trained, tmp_path):
     )
     assert (tmp_path / "cm.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "valid_curve.png").exists()
+    # a config copied with curve_png None (model_copy skips validators): beside the confusion
+    # matrix, not a file named "None" in the working directory
+    sub = tmp_path / "copied"
+    copied = cfg.model_copy(update={"confusion_png": str(sub / "cm.png"), "curve_png": None})
+    evaluate.run(copied)
+    assert (sub / "valid_curve.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_evaluate_missing_checkpoint_is_clear(trained, tmp_path):
