@@ -46,13 +46,6 @@ def per_text_se(p: float, n: int) -> float:
     return math.sqrt(p * (1 - p) / n) if n else float("nan")
 
 
-def kept_share(teacher_dev: float, alone_dev: float, student_dev: float) -> float | None:
-    """The share of the teacher's dev gain over the n-gram alone that the student keeps:
-    ``(student - alone) / (teacher - alone)``; None when the teacher is not ahead."""
-    gain = teacher_dev - alone_dev
-    return (student_dev - alone_dev) / gain if gain > 0 else None
-
-
 def _split_rows(data_dir: str, split: str) -> int:
     from xdpx.data.lazy import LazySplit
 
@@ -78,15 +71,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ap.error("--suite-json needs --json (the seeds report it reads) and --corpus")
 
     from stages import evaluate, train
-    from stages.distill import copies_dir, gold_dir
+    from stages.distill import copies_dir, gold_dir, student_train_file
     from xdpx import io
-    from xdpx.distillation import read_step_config
+    from xdpx.distillation import kept_share, read_step_config
 
     students = read_step_config(args.configs, "students")
     decide = read_step_config(args.configs, "decide")
     decision = json.loads(io.read_text(os.path.join(args.report, "decision.json")))
-    grid = decision["grid"]
-    best = max(grid, key=lambda r: r["dev"])
+    best = next(r for r in decision["grid"] if r["run"] == decision["student_run"])
     scores = {
         n: {s: decision[s][n] for s in ("dev", "test")} for n in ("teacher", "alone", "student")
     }
@@ -98,9 +90,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     extra = {
         "alone": {},
         "student": {
-            "distill_from": students.labelled_file
-            if best["copies"] == students.built_copies
-            else io.join(data["student"] + "-subset", "labelled.tsv"),
+            "distill_from": student_train_file(students, best["copies"]),
             "distill_alpha": best["alpha"],
             "distill_temperature": best["temperature"],
         },

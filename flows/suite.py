@@ -71,6 +71,7 @@ from xdpx import io
 from xdpx.baselines import SINGLE_PEERS, read_tsv, run_peers
 from xdpx.config import EvaluateConfig, Params, PredictConfig, PreproConfig
 from xdpx.data.meta import PreparedMeta
+from xdpx.distillation import kept_share
 from xdpx.models import PAIR_INPUTS, input_names, reads_spelled_oov
 from xdpx.rundir import RunDir
 
@@ -943,7 +944,6 @@ def student_entry(report_dir: str, teacher: str, seeds_file: str | None = None) 
     else:
         k, alone = 1, decision["dev"]["alone"]
         dev, test = decision["dev"]["student"], decision["test"]["student"]
-    gain = t_dev - alone
     return {
         "teacher": teacher,
         "student": decision.get("student_run"),
@@ -953,7 +953,7 @@ def student_entry(report_dir: str, teacher: str, seeds_file: str | None = None) 
         "test": test,
         "alone_dev": alone,
         "teacher_dev": t_dev,
-        "kept_share": (dev - alone) / gain if gain > 0 and dev is not None else None,
+        "kept_share": kept_share(t_dev, alone, dev),
         "report": report_dir,
     }
 

@@ -71,6 +71,7 @@ __all__ = [
     "BASE_MODULES",
     "gold_dir",
     "copies_dir",
+    "student_train_file",
     "main",
 ]
 
@@ -135,6 +136,15 @@ def copies_dir(data_dir: str, copies: int) -> str:
     return io.join(data_dir, f"k{copies}")
 
 
+def student_train_file(cfg: StudentsStep, copies: int) -> str:
+    """The labelled transfer file the students with ``copies`` copies per text train on (and
+    take as ``train.distill_from``): the labelled file itself when it was built with that
+    many, else its subset ``<data_dir>/k<copies>-subset/labelled.tsv``."""
+    if copies == cfg.built_copies:
+        return cfg.labelled_file
+    return io.join(copies_dir(cfg.data_dir, copies) + "-subset", "labelled.tsv")
+
+
 def _relative(path: str, start: str) -> str:
     """``path`` as prepro's ``data_files`` entry under ``data_source`` = ``start``."""
     import os
@@ -192,9 +202,8 @@ def students(cfg: StudentsStep) -> dict[str, Any]:
     files = dict(cfg.prepro.data_files)
     for k in sorted({p.copies for p in points}):
         data = copies_dir(cfg.data_dir, k)
-        labelled = cfg.labelled_file
+        labelled = student_train_file(cfg, k)
         if k != cfg.built_copies:
-            labelled = io.join(data + "-subset", "labelled.tsv")
             write_copies_subset(cfg.labelled_file, labelled, cfg.built_copies, k)
         files["train"] = _relative(labelled, raw)
         prepro.run(cfg.prepro.model_copy(update={"data_dir": data, "data_files": dict(files)}))

@@ -89,6 +89,7 @@ __all__ = [
     "read_step_config",
     "write_copies_subset",
     "decide",
+    "kept_share",
     "decision_markdown",
 ]
 
@@ -491,6 +492,18 @@ def write_copies_subset(labelled_file: str, out_file: str, built: int, copies: i
 
 
 # ---------------------------------------------------------------------- the ship rule
+def kept_share(
+    teacher_dev: float | None, alone_dev: float | None, student_dev: float | None
+) -> float | None:
+    """The share of the teacher's dev gain over the student config alone that the student
+    keeps: ``(student - alone) / (teacher - alone)`` (issue 49's measure); None when a score
+    is missing or the teacher is not above alone."""
+    if teacher_dev is None or alone_dev is None or student_dev is None:
+        return None
+    gain = teacher_dev - alone_dev
+    return (student_dev - alone_dev) / gain if gain > 0 else None
+
+
 def decide(
     grid: list[dict[str, Any]],
     alone: dict[str, dict[str, float]],
@@ -524,11 +537,7 @@ def decide(
     a_dev, t_dev, s_dev = score(alone, "dev"), score(teacher, "dev"), score(student, "dev")
     teacher_gain = t_dev - a_dev if t_dev is not None and a_dev is not None else None
     student_gain = s_dev - a_dev if s_dev is not None and a_dev is not None else None
-    share = (
-        student_gain / teacher_gain
-        if teacher_gain is not None and student_gain is not None and teacher_gain > 0
-        else None
-    )
+    share = kept_share(t_dev, a_dev, s_dev)
     if best is None or s_dev is None:
         shipped, reason = "alone", "no grid point was trained"
     elif s_dev > a_dev:

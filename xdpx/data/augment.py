@@ -254,15 +254,12 @@ def neighbour_pairs(
     near = np.empty((len(pool), take), dtype=np.int64)
     for lo in range(0, len(pool), chunk_rows):
         sim = (x[lo : lo + chunk_rows] @ x.T).toarray()
-        # the highest similarities, ties by pool order: a stable sort of -sim over each row
-        part = np.argpartition(-sim, take - 1, axis=1)[:, :take] if take < len(pool) else None
+        # each row's take-th largest similarity; every text at or above it is a candidate
+        # (ties included), ordered by similarity, ties by pool order (a stable sort)
+        cuts = -np.partition(-sim, take - 1, axis=1)[:, take - 1]
         for r in range(sim.shape[0]):
-            cand = part[r] if part is not None else np.arange(len(pool))
-            # the take-th largest may tie with texts outside the partition: widen to every tie
-            cut = sim[r, cand].min()
-            cand = np.flatnonzero(sim[r] >= cut)
-            order = np.lexsort((cand, -sim[r, cand]))
-            near[lo + r] = cand[order[:take]]
+            cand = np.flatnonzero(sim[r] >= cuts[r])
+            near[lo + r] = cand[np.argsort(-sim[r, cand], kind="stable")[:take]]
     seen = {(a, b) for a, b in zip(first, second, strict=True)}
     seen |= {(b, a) for a, b in seen}
     out: list[tuple[int, int, str, str]] = []

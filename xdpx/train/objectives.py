@@ -347,7 +347,8 @@ def _class_weight(
     if not cfg.class_weight:
         return None
     k = int(num_labels or len(data.label_counts(0)))
-    if gold is None or bool(np.all(gold)):
+    gold_only = gold is not None and not bool(np.all(gold))
+    if not gold_only:
         counts = data.label_counts(k)
     else:
         counts = np.zeros(k, dtype=np.int64)
@@ -357,7 +358,7 @@ def _class_weight(
     weight = resolve_class_weight(cfg.class_weight, counts)
     log.info(
         "class_weight=%s: %s%s", cfg.class_weight, "balanced" if weight is not None else "none",
-        " (from the gold rows' labels)" if gold is not None and not np.all(gold) else "",
+        " (from the gold rows' labels)" if gold_only else "",
     )  # fmt: skip
     return weight
 

@@ -204,8 +204,14 @@ def build_transfer_set(cfg: DistillConfig, prepro: PreproConfig) -> TransferResu
             next_id += len(texts)
             counts[origin] += len(texts)
 
+        recombine = pair and cfg.pair_neighbours > 0
+        first: list[str] = []  # the train pairs' texts, kept for the recombined pairs
+        second: list[str] = []
         for texts, texts2, labels in rows_of(cfg.train_file, True):
             write(texts, texts2, labels or [], "train")
+            if recombine:
+                first += texts
+                second += texts2  # type: ignore[arg-type]
         index = 0
         for texts, texts2, _ in rows_of(cfg.train_file, True):
             out: list[str] = []
@@ -223,12 +229,7 @@ def build_transfer_set(cfg: DistillConfig, prepro: PreproConfig) -> TransferResu
                     unchanged += same
             index += len(texts)
             write(out, out2, [""] * len(out), "augment")
-        if pair and cfg.pair_neighbours:
-            first: list[str] = []
-            second: list[str] = []
-            for texts, texts2, _ in rows_of(cfg.train_file, True):
-                first += texts
-                second += texts2  # type: ignore[arg-type]
+        if recombine:
             made = neighbour_pairs(first, second, cfg.pair_neighbours)
             del first, second
             for lo in range(0, len(made), cfg.chunk_rows):
