@@ -29,10 +29,18 @@ __all__ = [
 ]
 
 
-def save_figure(fig: plt.Figure, path: str, dpi: int = 120) -> None:
-    """Render ``fig`` to PNG and write it atomically to ``path``; closes the figure."""
+def save_figure(
+    fig: plt.Figure, path: str, dpi: int = 120, metadata: dict[str, str | None] | None = None
+) -> None:
+    """Render ``fig`` to PNG and write it atomically to ``path``; closes the figure.
+
+    Args:
+        metadata: PNG text chunks (``fig.savefig``'s ``metadata``; a None value drops
+            matplotlib's default of that key, e.g. ``Software``). The PNG has no timestamp
+            either way: the same figure and matplotlib give the same bytes.
+    """
     buf = _bytes_io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight", metadata=metadata)
     plt.close(fig)
     io.write_bytes(path, buf.getvalue())
 
