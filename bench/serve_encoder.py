@@ -104,21 +104,11 @@ def ensure_export(run: str, meta: dict[str, Any], data_dir: str | None) -> Path:
 
 def write_hf_dir(run: str, meta: dict[str, Any], dest: Path) -> None:
     """The checkpoint's transformers model (weights, config with the run's labels) and the
-    tokenizer it was prepared with, as a ``save_pretrained`` directory at ``dest``."""
-    from transformers import AutoTokenizer
+    tokenizer it was prepared with, as a ``save_pretrained`` directory at ``dest``
+    (:func:`xdpx.pretrained.checkpoint_as_pretrained`)."""
+    from xdpx.pretrained import checkpoint_as_pretrained
 
-    from xdpx.checkpoint import load_checkpoint
-    from xdpx.pretrained import quiet_transformers, resolve_pretrained
-
-    ckpt = load_checkpoint(f"{run}/<best>")
-    hf = ckpt.model.hf
-    labels = list(meta["labels"])
-    hf.config.id2label = dict(enumerate(labels))
-    hf.config.label2id = {name: i for i, name in enumerate(labels)}
-    with quiet_transformers():
-        hf.save_pretrained(dest)
-        tok = AutoTokenizer.from_pretrained(resolve_pretrained(meta["prepro"]["tokenizer_path"]), local_files_only=True)  # fmt: skip
-        tok.save_pretrained(dest)
+    checkpoint_as_pretrained(f"{run}/<best>", str(dest))
 
 
 def read_texts(path: str, meta: dict[str, Any]) -> tuple[list[str], list[str]]:

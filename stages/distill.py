@@ -72,6 +72,7 @@ __all__ = [
     "gold_dir",
     "copies_dir",
     "student_train_file",
+    "paired_rows",
     "main",
 ]
 
@@ -173,9 +174,16 @@ def students(cfg: StudentsStep) -> dict[str, Any]:
     ``distill_from`` = that file. Each run keeps its best-of-dev checkpoint (the epochs
     chosen on its per-epoch dev curve). Writes ``<save_dir>/grid.json``.
 
+    With ``grid.layers`` each L also trains ``alone-l<L>`` (the same L-layer model on the
+    gold labels: what distillation adds), and with a ``baseline`` (the plan's fast model to
+    beat, e.g. the n-gram) that model is prepared and trained on the gold labels as run
+    ``baseline``.
+
     Returns:
-        ``{"alone": {...}, "grid": [{alpha, temperature, copies, run, dev, best_epoch,
-        best_update}, ...]}`` (``dev``: the run's best dev ``train.major_metric``).
+        ``{"alone" | "alone-l<L>": {...}, ["baseline": {...},] "grid": [{alpha, temperature,
+        copies, layers, run, dev, best_epoch, best_update, alone}, ...]}`` (``dev``: the
+        run's best dev ``train.major_metric``; ``alone``: the run of its architecture on
+        the gold labels).
     """
     from tqdm.auto import tqdm
 
@@ -185,11 +193,21 @@ def students(cfg: StudentsStep) -> dict[str, Any]:
     gold = gold_dir(cfg.data_dir)
     prepro.run(cfg.prepro.model_copy(update={"data_dir": gold}))
     points = cfg.grid.points()
-    bar = tqdm(total=1 + len(points), desc="students", unit="run")
+    layers = sorted({p.layers for p in points if p.layers is not None})
+    alones = (["alone"] if None in cfg.grid.layers else []) + [f"alone-l{n}" for n in layers]
+    runs = len(alones) + len(points) + (cfg.baseline_train is not None)
+    bar = tqdm(total=runs, desc="students", unit="run")
 
-    def fit(name: str, data_dir: str, **extra: Any) -> dict[str, Any]:
+    def arch(n: int | None) -> dict[str, Any]:
+        """The train keys of a student with the first ``n`` layers (None: as configured)."""
+        if n is None:
+            return {}
+        return {"hf_config": {**(cfg.train.hf_config or {}), "num_hidden_layers": n}}
+
+    def fit(name: str, data_dir: str, train_cfg: Any = None, **extra: Any) -> dict[str, Any]:
         run = io.join(cfg.save_dir, name)
-        r = train.run(cfg.train.model_copy(update={"data_dir": data_dir, "save_dir": run, **extra}))  # fmt: skip
+        base = train_cfg or cfg.train
+        r = train.run(base.model_copy(update={"data_dir": data_dir, "save_dir": run, **extra}))
         bar.update(1)
         return {
             "run": name,
@@ -198,7 +216,14 @@ def students(cfg: StudentsStep) -> dict[str, Any]:
             "best_epoch": _best_epoch(run, r.best_update),
         }
 
-    out: dict[str, Any] = {"alone": fit("alone", gold), "grid": []}
+    out: dict[str, Any] = {}
+    for name in alones:
+        n = None if name == "alone" else int(name.removeprefix("alone-l"))
+        out[name] = fit(name, gold, **arch(n))
+    if cfg.baseline_train is not None and cfg.baseline_prepro is not None:
+        prepro.run(cfg.baseline_prepro)
+        out["baseline"] = fit("baseline", cfg.baseline_prepro.data_dir, cfg.baseline_train)
+    out["grid"] = []
     files = dict(cfg.prepro.data_files)
     for k in sorted({p.copies for p in points}):
         data = copies_dir(cfg.data_dir, k)
@@ -210,9 +235,9 @@ def students(cfg: StudentsStep) -> dict[str, Any]:
         for p in (p for p in points if p.copies == k):
             row = fit(
                 p.name, data, distill_from=labelled, distill_alpha=p.alpha,
-                distill_temperature=p.temperature,
+                distill_temperature=p.temperature, **arch(p.layers),
             )  # fmt: skip
-            out["grid"].append({**p.model_dump(), **row})
+            out["grid"].append({**p.model_dump(), **row, "alone": p.alone})
     bar.close()
     order = {p.name: i for i, p in enumerate(points)}
     out["grid"].sort(key=lambda r: order[r["run"]])
@@ -220,7 +245,10 @@ def students(cfg: StudentsStep) -> dict[str, Any]:
     return out
 
 
-def _evaluate(cfg: DecideStep, name: str, checkpoint: str, data_dir: str) -> dict[str, Any]:
+def _evaluate(cfg: DecideStep, name: str, checkpoint: str, data_dir: str) -> Any:
+    """``stages.evaluate`` of ``checkpoint`` on dev and test into ``report_dir/<name>.json``;
+    the :class:`stages.evaluate.EvaluateResult` (metrics, and the per-row labels and
+    probabilities the paired comparison reads)."""
     from stages import evaluate
 
     report = cfg.report_dir
@@ -234,13 +262,35 @@ def _evaluate(cfg: DecideStep, name: str, checkpoint: str, data_dir: str) -> dic
             "curve_png": io.join(report, f"{name}-valid_curve.png"),
         }
     )
-    return evaluate.run(ev).metrics
+    return evaluate.run(ev)
+
+
+def paired_rows(a: Any, b: Any, metric: str) -> dict[str, dict[str, Any]]:
+    """``{split: paired_comparison(a, b)}`` for each split both evaluations hold rows of
+    (:func:`xdpx.metrics.paired_comparison`, A minus B). A split whose gold labels differ
+    between the two (data prepared from other files) is left out with a warning: the rows
+    would not be the same texts."""
+    from xdpx.metrics import paired_comparison
+
+    out: dict[str, dict[str, Any]] = {}
+    for split in sorted(set(a.rows) & set(b.rows)):
+        ra, rb = a.rows[split], b.rows[split]
+        if len(ra["labels"]) != len(rb["labels"]) or (ra["labels"] != rb["labels"]).any():
+            log.warning("%s: the two models' %s rows are not the same texts: no paired test", metric, split)  # fmt: skip
+            continue
+        out[split] = paired_comparison(
+            ra["labels"], ra["probs"].argmax(1), rb["probs"].argmax(1), metric,
+            ra["probs"], rb["probs"],
+        )  # fmt: skip
+    return out
 
 
 def decide(cfg: DecideStep) -> dict[str, Any]:
     """Step ``decide``: evaluate the teacher, ``alone`` and the best grid point on dev and
-    test (``stages.evaluate``), apply the ship rule (:func:`xdpx.distillation.decide`: on
-    dev only) and write ``decision.json`` and ``decision.md`` into ``report_dir``.
+    test (``stages.evaluate``), compare student and teacher with alone text by text
+    (:func:`paired_rows`), apply the ship rule (:func:`xdpx.distillation.decide`: on dev
+    only, by more than the paired SE) and write ``decision.json`` and ``decision.md`` into
+    ``report_dir``.
 
     Raises:
         FileNotFoundError: ``<save_dir>/grid.json`` is missing (run step students).
@@ -249,19 +299,36 @@ def decide(cfg: DecideStep) -> dict[str, Any]:
     if not io.exists(path):
         raise FileNotFoundError(f"{path}: missing; run step students first")
     grid = json.loads(io.read_text(path))["grid"]
+    metric = cfg.major_metric
+    best = max(grid, key=lambda r: r["dev"]) if grid else None
+    own = best.get("alone", "alone") if best else "alone"  # the student's architecture alone
+    reference, ref_data = (
+        ("baseline", io.join(cfg.data_dir, "baseline"))
+        if cfg.baseline
+        else (own, gold_dir(cfg.data_dir))  # fmt: skip
+    )
     t = _evaluate(cfg, "teacher", RunDir(cfg.teacher_run).best_alias, cfg.teacher_data)
-    a = _evaluate(cfg, "alone", RunDir(io.join(cfg.save_dir, "alone")).best_alias, gold_dir(cfg.data_dir))  # fmt: skip
+    a = _evaluate(cfg, reference, RunDir(io.join(cfg.save_dir, reference)).best_alias, ref_data)
     s = None
-    if grid:
-        best = max(grid, key=lambda r: r["dev"])
+    paired = {f"teacher_{k}": v for k, v in paired_rows(t, a, metric).items()}
+    if best is not None:
         run = RunDir(io.join(cfg.save_dir, best["run"])).best_alias
         s = _evaluate(cfg, "student", run, copies_dir(cfg.data_dir, best["copies"]))
-    decision = ship_rule(grid, a, t, s, cfg.major_metric)
+        paired.update(paired_rows(s, a, metric))
+    decision = ship_rule(
+        grid, a.metrics, t.metrics, s.metrics if s else None, metric, paired, reference
+    )
+    if cfg.baseline and best is not None:  # what distillation adds to the student's own model
+        o = _evaluate(cfg, own, RunDir(io.join(cfg.save_dir, own)).best_alias, gold_dir(cfg.data_dir))  # fmt: skip
+        decision["own_alone"] = {
+            "run": own,
+            "dev": o.metrics["dev"][metric],
+            "test": o.metrics["test"][metric],
+            "paired": paired_rows(s, o, metric),
+        }
     chosen = next((r for r in grid if r["run"] == decision["run"]), None)
     decision["checkpoint"] = RunDir(io.join(cfg.save_dir, decision["run"])).best
-    decision["data_dir"] = (
-        copies_dir(cfg.data_dir, chosen["copies"]) if chosen else gold_dir(cfg.data_dir)
-    )
+    decision["data_dir"] = copies_dir(cfg.data_dir, chosen["copies"]) if chosen else ref_data
     io.write_text(io.join(cfg.report_dir, "decision.json"), json.dumps(decision, indent=2) + "\n")  # fmt: skip
     io.write_text(io.join(cfg.report_dir, "decision.md"), decision_markdown(decision))
     log.info("distillation ships %s: %s", decision["shipped"], decision["reason"])

@@ -15,7 +15,7 @@ import logging
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
 from xdpx import io
 from xdpx.checkpoint import beside_checkpoint, check_reader, load_checkpoint
@@ -37,12 +37,21 @@ log = logging.getLogger("xdpx.evaluate")
 
 
 class EvaluateResult(BaseModel):
-    """Metrics per split and the files written."""
+    """Metrics per split and the files written.
+
+    ``rows`` (not serialised: ``model_dump`` leaves it out) holds, per classification split,
+    the row-aligned ``labels [n]`` and ``probs [n, num_labels]`` the metrics came from, for a
+    paired comparison of two checkpoints on the same texts
+    (:func:`xdpx.metrics.paired_comparison`; the distillation ship rule).
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
 
     checkpoint: str
     metrics: dict[str, dict[str, float]]
     metrics_file: str
     confusion_png: str
+    rows: dict[str, dict[str, np.ndarray]] = Field(default_factory=dict, exclude=True)
 
 
 def check(cfg: EvaluateConfig) -> EvaluateConfig:
@@ -69,6 +78,7 @@ def run(cfg: EvaluateConfig) -> EvaluateResult:
     pad_id = ckpt.model_config.get("pad_id", 0)
     score = PreparedMeta.read(ckpt.path).prepro.get("label_type", "class") == "score"
     metrics: dict[str, dict[str, float]] = {}
+    rows: dict[str, dict[str, np.ndarray]] = {}
     cm = None
     bs = cfg.batch_size
     for split in cfg.splits:  # shard by shard: memory holds one shard's inputs
@@ -88,6 +98,7 @@ def run(cfg: EvaluateConfig) -> EvaluateResult:
         else:
             probs = probs_from_logits(logits)
             metrics[split] = classification_metrics(y, probs)
+            rows[split] = {"labels": y, "probs": probs}
             cm = confusion_matrix(y, probs.argmax(1), labels=list(range(len(ckpt_labels))))
         log.info("%s: %s", split, {k: round(v, 4) for k, v in metrics[split].items()})
     io.write_text(cfg.metrics_file, json.dumps(metrics, indent=2) + "\n")
@@ -109,6 +120,7 @@ def run(cfg: EvaluateConfig) -> EvaluateResult:
         metrics=metrics,
         metrics_file=cfg.metrics_file,
         confusion_png=cfg.confusion_png,
+        rows=rows,
     )
 
 

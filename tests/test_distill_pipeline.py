@@ -86,7 +86,13 @@ def _check_decision(root: Path) -> dict:
     # the teacher learnt nothing; the students (alpha 1: the teacher alone) lose on dev
     assert decision["dev"]["student"] <= decision["dev"]["alone"]
     assert decision["shipped"] == "alone" and decision["run"] == "alone"
-    assert decision["reason"].startswith("no grid point beats")
+    assert decision["reason"].startswith("keeps alone: ")
+    # the paired comparisons on the same 100 texts: student and teacher against alone
+    dev = decision["paired"]["dev"]
+    assert dev["n"] == 100 and dev["method"] == "McNemar exact"
+    assert dev["diff"] == pytest.approx(decision["dev"]["student"] - decision["dev"]["alone"])
+    assert dev["diff"] * 100 == pytest.approx(dev["a_only"] - dev["b_only"])
+    assert set(decision["paired"]) == {"dev", "test", "teacher_dev", "teacher_test"}
     assert decision["kept_share"] is None or decision["teacher_gain"] > 0
     assert decision["checkpoint"] == "models/distill/student/alone/best"
     shipped = root / "models/distill/shipped"
@@ -143,7 +149,7 @@ def test_the_flow_runs_the_same_steps_and_publishes_the_decision(repro, prefect_
     assert results["decide"] == decision
     artifact = Artifact.get("xdpx-local-distill")
     assert artifact is not None and "ships **alone**" in artifact.data
-    assert "no grid point beats" in artifact.data and "`a1-t2-k2`" in artifact.data
+    assert "keeps alone: " in artifact.data and "`a1-t2-k2`" in artifact.data
     assert (root / "reports/distill/decision.md").read_text() == artifact.data
     status = _sh("dvc", "status", "distill/dvc.yaml", cwd=root, env=env)
     assert "up to date" in status, status
@@ -182,7 +188,7 @@ def test_the_ship_rule_ships_the_student_only_above_the_ngram_alone_on_dev(stude
     assert d["kept_share"] == pytest.approx((student_dev - 0.75) / 0.10)
     assert d["test"] == {"teacher": 0.5, "alone": 0.99, "student": 0.1}  # reported, not used
     assert ("beats" if shipped == "student" else "no grid point beats") in d["reason"]
-    assert "| `a0.9-t2-k4` | 0.9 | 2 | 4 | " in decision_markdown(d)
+    assert "| `a0.9-t2-k4` | – | 0.9 | 2 | 4 | " in decision_markdown(d)
 
 
 @pytest.mark.unit

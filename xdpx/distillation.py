@@ -54,6 +54,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from xdpx import io
 from xdpx.config import (
+    HF_MODELS,
     ConfigError,
     DistillConfig,
     EvaluateConfig,
@@ -117,6 +118,27 @@ class ModelSpec(_Strict):
     save_dir: str = Field(description="Run(s) written here (the student: one subdir per run).")
 
 
+class StudentSpec(ModelSpec):
+    """``student``: a :class:`ModelSpec` that may start from the teacher's weights."""
+
+    from_teacher: bool = Field(
+        False,
+        description=(
+            "hf_classifier students: train.pretrained_model = the teacher's best checkpoint "
+            "(its embeddings, first grid.layers layers and head; DistilBERT / Sajjad et al. "
+            "2020); the student's tokenizer must be the teacher's."
+        ),
+    )
+
+
+class BaselineSpec(_Strict):
+    """``baseline``: the fast model a student must beat to ship (the n-gram default), trained
+    on the gold labels under ``student.data_dir/baseline`` and ``student.save_dir/baseline``."""
+
+    params: str = Field(description="Params file (its prepro and train sections).")
+    overrides: list[str] = Field([], description="section.key=value applied after the file.")
+
+
 class TransferPaths(_Strict):
     """``transfer``: the two files of :mod:`xdpx.train.transfer`."""
 
@@ -130,6 +152,22 @@ class Grid(_Strict):
     alpha: list[float] = Field([0.3, 0.5], min_length=1, description="train.distill_alpha values.")
     temperature: list[float] = Field([2.0, 4.0], min_length=1, description="train.distill_temperature values.")  # fmt: skip
     copies: list[int] = Field([0, 1], min_length=1, description="Augmented copies per text (k).")
+    layers: list[int | None] = Field(
+        [None],
+        min_length=1,
+        description=(
+            "hf_classifier students: train.hf_config.num_hidden_layers (the first L layers of "
+            "the student's pretrained model or, with student.from_teacher, of the teacher); "
+            "null = as the student config has it. Each L also trains alone-l<L> (gold labels)."
+        ),
+    )
+
+    @field_validator("layers")
+    @classmethod
+    def _layers_positive(cls, v: list[int | None]) -> list[int | None]:
+        if any(x is not None and x < 1 for x in v):
+            raise ValueError(f"every layers value must be >= 1 or null, got {v}")
+        return v
 
     @field_validator("alpha")
     @classmethod
@@ -153,24 +191,36 @@ class Grid(_Strict):
         return v
 
     def points(self) -> list[GridPoint]:
-        """Every combination, in the order alpha, temperature, copies (the last fastest)."""
+        """Every combination, in the order layers, alpha, temperature, copies (the last
+        fastest)."""
         return [
-            GridPoint(alpha=a, temperature=t, copies=k)
-            for a, t, k in itertools.product(self.alpha, self.temperature, self.copies)
+            GridPoint(alpha=a, temperature=t, copies=k, layers=n)
+            for n, a, t, k in itertools.product(
+                self.layers, self.alpha, self.temperature, self.copies
+            )
         ]
 
 
 class GridPoint(_Strict):
-    """One student run: ``distill_alpha``, ``distill_temperature`` and ``copies`` (k)."""
+    """One student run: ``distill_alpha``, ``distill_temperature``, ``copies`` (k) and the
+    transformer student's ``layers`` (None: the student config's own)."""
 
     alpha: float
     temperature: float
     copies: int
+    layers: int | None = None
 
     @property
     def name(self) -> str:
-        """``a0.5-t2-k4``: the run's directory under ``student.save_dir``."""
-        return f"a{self.alpha:g}-t{self.temperature:g}-k{self.copies}"
+        """``a0.5-t2-k4`` (``l2-a0.5-t2-k4`` with layers): the run's directory under
+        ``student.save_dir``."""
+        base = f"a{self.alpha:g}-t{self.temperature:g}-k{self.copies}"
+        return base if self.layers is None else f"l{self.layers}-{base}"
+
+    @property
+    def alone(self) -> str:
+        """The run of the same student architecture on the gold labels alone."""
+        return "alone" if self.layers is None else f"alone-l{self.layers}"
 
 
 class DistillPlan(_Strict):
@@ -180,7 +230,14 @@ class DistillPlan(_Strict):
 
     raw: str = Field("data/raw", description="train.tsv, dev.tsv, test.tsv: prepro.data_source of teacher and student.")  # fmt: skip
     teacher: ModelSpec
-    student: ModelSpec
+    student: StudentSpec
+    baseline: BaselineSpec | None = Field(
+        None,
+        description=(
+            "The fast model a student must beat on dev to ship (e.g. params.yaml, the n-gram); "
+            "null = the student config trained on the gold labels (alone)."
+        ),
+    )
     transfer: TransferPaths
     grid: Grid = Field(default_factory=Grid)
     configs_dir: str = Field(description="One resolved config per step (step configs).")
@@ -221,6 +278,8 @@ class StudentsStep(_Strict):
     built_copies: int
     data_dir: str
     save_dir: str
+    baseline_prepro: PreproConfig | None = None
+    baseline_train: TrainConfig | None = None
 
 
 class DecideStep(_Strict):
@@ -234,6 +293,7 @@ class DecideStep(_Strict):
     save_dir: str
     major_metric: str
     report_dir: str
+    baseline: bool = False
 
 
 class ExportStep(_Strict):
@@ -350,7 +410,22 @@ def step_configs(plan: DistillPlan, plan_file: str = PLAN_FILE) -> dict[str, dic
     """
     t = _model_params(plan_file, "teacher", plan.teacher, plan)
     s = _model_params(plan_file, "student", plan.student, plan)
-    for role, p in (("teacher", t), ("student", s)):
+    b = _model_params(plan_file, "baseline", plan.baseline, plan) if plan.baseline else None  # type: ignore[arg-type]
+    roles = [("teacher", t), ("student", s)] + ([("baseline", b)] if b else [])
+    layered = any(n is not None for n in plan.grid.layers)
+    if (layered or plan.student.from_teacher) and s.train.model not in HF_MODELS:
+        raise ConfigError(f"{plan_file}: grid.layers / student.from_teacher need a transformers student (train.model={s.train.model})")  # fmt: skip
+    if plan.student.from_teacher:
+        if s.prepro.tokenizer_path != t.prepro.tokenizer_path:
+            raise ConfigError(f"{plan_file}: student.from_teacher needs the teacher's tokenizer: student prepro.tokenizer_path={s.prepro.tokenizer_path}, teacher's {t.prepro.tokenizer_path}")  # fmt: skip
+        s = s.model_copy(
+            update={
+                "train": s.train.model_copy(
+                    update={"pretrained_model": f"{plan.teacher.save_dir.rstrip('/')}/best"}
+                )
+            }  # fmt: skip
+        )
+    for role, p in roles:
         if p.train.task != "classification" or p.prepro.label_type != "class":
             raise ConfigError(f"{plan_file}: {role}: distillation needs classification (task={p.train.task}, label_type={p.prepro.label_type})")  # fmt: skip
     tp = t.prepro.model_copy(update={"data_dir": plan.teacher.data_dir})
@@ -386,6 +461,12 @@ def step_configs(plan: DistillPlan, plan_file: str = PLAN_FILE) -> dict[str, dic
         built_copies=k_max,
         data_dir=plan.student.data_dir,
         save_dir=plan.student.save_dir,
+        baseline_prepro=b.prepro.model_copy(
+            update={"data_dir": io.join(plan.student.data_dir, "baseline")}
+        )
+        if b
+        else None,  # fmt: skip
+        baseline_train=b.train.model_copy(update={"overwrite": True}) if b else None,
     )
     decide_cfg = DecideStep(
         evaluate=s.evaluate,
@@ -396,6 +477,7 @@ def step_configs(plan: DistillPlan, plan_file: str = PLAN_FILE) -> dict[str, dic
         save_dir=plan.student.save_dir,
         major_metric=s.train.major_metric,
         report_dir=plan.report_dir,
+        baseline=b is not None,
     )
     export = ExportStep(
         export=s.export,
@@ -510,8 +592,20 @@ def decide(
     teacher: dict[str, dict[str, float]],
     student: dict[str, dict[str, float]] | None,
     metric: str,
+    paired: dict[str, dict[str, Any]] | None = None,
+    reference: str = "alone",
 ) -> dict[str, Any]:
-    """The ship rule on dev.
+    """The ship rule on dev: the student ships only when it beats the student config trained
+    on the gold labels alone on dev by more than the paired standard error of the difference.
+
+    One dev set of 1-2k texts cannot separate two models a few texts apart: a rule that
+    shipped on any positive dev difference shipped a student 5 points worse on
+    20newsgroups-lt's test (issue 56). So the rule reads ``paired["dev"]``
+    (:func:`xdpx.metrics.paired_comparison` of student against alone on the dev texts:
+    McNemar's test for accuracy, a paired bootstrap otherwise) and ships when
+    ``diff > se`` (and ``diff > 0``); the same comparison on test is reported, never used.
+    Without paired rows (a regression task) it falls back to ``student dev > alone dev``
+    and says so in the reason.
 
     Args:
         grid: one row per grid point: ``alpha``, ``temperature``, ``copies``, ``run``,
@@ -521,15 +615,22 @@ def decide(
         teacher: ``{split: metrics}`` of the teacher.
         student: ``{split: metrics}`` of the best grid point (None: no grid).
         metric: the score (``train.major_metric``; higher is better).
+        paired: ``{"dev" | "test": student vs alone, "teacher_dev" | "teacher_test": teacher
+            vs alone}``, each a :func:`xdpx.metrics.paired_comparison` dict (any may be
+            missing).
+        reference: the run ``alone`` is (``alone``, ``alone-l<L>`` or the plan's
+            ``baseline``): the run shipped when the student does not.
 
     Returns:
         The decision: ``metric``, ``grid``, ``dev`` / ``test`` of teacher, alone and
         student, ``teacher_gain`` (teacher dev - alone dev), ``student_gain``,
-        ``kept_share`` (student gain / teacher gain; None when the teacher is not above
-        alone on dev), ``shipped`` (``student`` or ``alone``), ``run`` (the shipped run's
-        name) and ``reason``.
+        ``kept_share`` (student gain / teacher gain on dev; None when the teacher is not
+        above alone), ``test_kept_share`` (the same on test), ``paired`` (as given),
+        ``shipped`` (``student`` or ``alone``), ``run`` (the shipped run's name) and
+        ``reason``.
     """
     best = max(grid, key=lambda r: r["dev"]) if grid else None
+    paired = dict(paired or {})
 
     def score(m: dict[str, dict[str, float]] | None, split: str) -> float | None:
         return None if m is None or split not in m else float(m[split][metric])
@@ -538,13 +639,28 @@ def decide(
     teacher_gain = t_dev - a_dev if t_dev is not None and a_dev is not None else None
     student_gain = s_dev - a_dev if s_dev is not None and a_dev is not None else None
     share = kept_share(t_dev, a_dev, s_dev)
+    dev_pair = paired.get("dev")
     if best is None or s_dev is None:
         shipped, reason = "alone", "no grid point was trained"
+    elif dev_pair is not None:
+        diff, se = float(dev_pair["diff"]), float(dev_pair["se"])
+        what = (
+            f"the best student {best['run']} against {reference} (gold labels only) on "
+            f"dev: {metric} {dev_pair['a']:.4f} vs {dev_pair['b']:.4f}, "
+            f"difference {diff:+.4f} ± {se:.4f} (paired SE; {dev_pair['method']} p "
+            f"{dev_pair['p']:.3g}, {dev_pair['a_only']} texts right only for the student, "
+            f"{dev_pair['b_only']} only for alone)"
+        )
+        if diff > 0 and diff > se:
+            shipped, reason = "student", f"ships: {what} is above one paired SE"
+        else:
+            shipped, reason = "alone", f"keeps alone: {what} is not above one paired SE"
     elif s_dev > a_dev:
         shipped = "student"
         reason = (
             f"the student {best['run']} beats the student config trained on the gold labels "
-            f"alone on dev: {metric} {s_dev:.4f} > {a_dev:.4f}"
+            f"alone on dev: {metric} {s_dev:.4f} > {a_dev:.4f} (no per-text rows for a "
+            "paired test: the plain comparison)"
         )
     else:
         shipped = "alone"
@@ -552,22 +668,26 @@ def decide(
             f"no grid point beats the student config trained on the gold labels alone on dev: "
             f"the best, {best['run']}, has {metric} {s_dev:.4f} <= {a_dev:.4f}"
         )
+    test = {
+        "teacher": score(teacher, "test"),
+        "alone": score(alone, "test"),
+        "student": score(student, "test"),
+    }
     return {
         "metric": metric,
         "grid": grid,
         "dev": {"teacher": t_dev, "alone": a_dev, "student": s_dev},
-        "test": {
-            "teacher": score(teacher, "test"),
-            "alone": score(alone, "test"),
-            "student": score(student, "test"),
-        },
+        "test": test,
         "teacher_gain": teacher_gain,
         "student_gain": student_gain,
         "kept_share": share,
+        "test_kept_share": kept_share(test["teacher"], test["alone"], test["student"]),
+        "paired": paired,
         "student_run": best["run"] if best else None,
         "shipped": shipped,
-        "run": best["run"] if shipped == "student" and best else "alone",
+        "run": best["run"] if shipped == "student" and best else reference,
         "reason": reason,
+        "reference": reference,
     }
 
 
@@ -588,21 +708,54 @@ def decision_markdown(decision: dict[str, Any]) -> str:
         f"| model | dev {m} | test {m} |",
         "|---|---|---|",
     ]
+    ref = decision.get("reference", "alone")
     for who in ("teacher", "alone", "student"):
         name = f"student `{decision['student_run']}`" if who == "student" else who
+        name = f"`{ref}` (the reference)" if who == "alone" else name
         lines.append(f"| {name} | {_fmt(decision['dev'][who])} | {_fmt(decision['test'][who])} |")
     lines += [
         "",
         f"Teacher's dev gain over alone: {_fmt(decision['teacher_gain'])}; the student keeps "
         + ("– (the teacher is not above alone on dev)" if share is None else f"{share:.1%}")
         + " of it.",
+    ]
+    paired = decision.get("paired") or {}
+    if paired:
+        lines += [
+            "",
+            f"Paired on the same texts ({m}, A minus `{ref}`, ± the paired standard error):",
+            "",
+            "| A | split | A | reference | A - reference | paired SE | test | p | right only A / only reference |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for key in ("dev", "test", "teacher_dev", "teacher_test"):
+            if key in paired:
+                c = paired[key]
+                who, split = (
+                    ("teacher", key[8:]) if key.startswith("teacher_") else ("student", key)
+                )
+                lines.append(
+                    f"| {who} | {split} | {c['a']:.4f} | {c['b']:.4f} | {c['diff']:+.4f} | "
+                    f"{c['se']:.4f} | {c['method']} | {c['p']:.3g} | {c['a_only']} / {c['b_only']} |"
+                )
+    lines += [
         "",
-        f"| run | alpha | T | copies | dev {m} | best epoch |",
-        "|---|---|---|---|---|---|",
+        f"| run | layers | alpha | T | copies | dev {m} | best epoch |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in decision["grid"]:
         lines.append(
-            f"| `{r['run']}` | {r['alpha']:g} | {r['temperature']:g} | {r['copies']} | "
-            f"{_fmt(r['dev'])} | {r['best_epoch']} |"
+            f"| `{r['run']}` | {_fmt(r.get('layers'))} | {r['alpha']:g} | {r['temperature']:g} | "
+            f"{r['copies']} | {_fmt(r['dev'])} | {r['best_epoch']} |"
         )
+    own = decision.get("own_alone")
+    if own:
+        dev = own["paired"].get("dev")
+        lines += [
+            "",
+            f"The student's own architecture on the gold labels alone (`{own['run']}`): dev "
+            f"{_fmt(own['dev'])}, test {_fmt(own['test'])}"
+            + (f"; the student {dev['diff']:+.4f} ± {dev['se']:.4f} on dev" if dev else "")
+            + " (what distillation adds).",
+        ]
     return "\n".join(lines) + "\n"

