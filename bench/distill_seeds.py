@@ -4,14 +4,17 @@ One ``xdpx distill`` run trains every student once (``train.seed`` of the studen
 student a few tenths of a point ahead of the n-gram alone on one seed may be seed noise, so
 issue 49's acceptance is a mean over 3 student seeds. This bench takes a finished run (its
 ``configs_dir``: the resolved step configs; its ``report_dir``: ``decision.json``), retrains
-the student's chosen grid point and the n-gram alone with each ``--seeds`` value on the very
-data the run prepared (``train.run`` of the students step's train config, with ``seed``,
+the student's chosen grid point and its reference (the n-gram alone, ``alone-l<L>`` or the
+plan's ``baseline``; with a baseline also the student's own model alone) with each
+``--seeds`` value on the very data the run prepared (``train.run`` of the students step's train config, with ``seed``,
 ``distill_*`` and ``save_dir`` set), scores both on dev and test (``stages.evaluate``) and
 writes, beside the run's own seed, the means, the teacher's dev gain over the n-gram alone
 and the share of it the student keeps:
 
     kept = (mean student dev - mean alone dev) / (teacher dev - mean alone dev)
 
+and the same on test, each difference with its paired standard error (per-text correctness
+averaged over the seeds, student minus reference: mean and ``sd / sqrt(n)``), and
 with the per-text standard error ``sqrt(p (1 - p) / n)`` of each mean accuracy (one text
 set, so the SE of one score; the seeds vary the model, not the texts). The teacher is one
 seed (one fine-tune is what a CPU affords; issue 49). Test is reported, never used to choose.
@@ -36,6 +39,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -79,65 +84,99 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     decide = read_step_config(args.configs, "decide")
     decision = json.loads(io.read_text(os.path.join(args.report, "decision.json")))
     best = next(r for r in decision["grid"] if r["run"] == decision["student_run"])
-    scores = {
-        n: {s: decision[s][n] for s in ("dev", "test")} for n in ("teacher", "alone", "student")
-    }
-    runs: dict[str, dict[str, list[float]]] = {
-        name: {"dev": [scores[name]["dev"]], "test": [scores[name]["test"]]}
-        for name in ("alone", "student")
-    }
-    data = {"alone": gold_dir(students.data_dir), "student": copies_dir(students.data_dir, best["copies"])}  # fmt: skip
-    extra = {
-        "alone": {},
-        "student": {
+    metric = decide.major_metric
+    own = best.get("alone", "alone")  # the student's architecture on the gold labels
+    reference = decision.get("reference", own)  # what the ship rule compared it with
+    arch = {} if best.get("layers") is None else {"hf_config": {**(students.train.hf_config or {}), "num_hidden_layers": best["layers"]}}  # fmt: skip
+    # role -> (run name of seed 1, train config, data dir)
+    roles: dict[str, tuple[str, Any, str]] = {
+        "alone": (reference, *(
+            (students.baseline_train, students.baseline_prepro.data_dir)
+            if reference == "baseline"
+            else (students.train.model_copy(update=arch), gold_dir(students.data_dir))
+        )),
+        "student": (best["run"], students.train.model_copy(update={
             "distill_from": student_train_file(students, best["copies"]),
-            "distill_alpha": best["alpha"],
-            "distill_temperature": best["temperature"],
-        },
-    }
+            "distill_alpha": best["alpha"], "distill_temperature": best["temperature"], **arch,
+        }), copies_dir(students.data_dir, best["copies"])),
+    }  # fmt: skip
+    if reference != own:
+        roles["own"] = (own, students.train.model_copy(update=arch), gold_dir(students.data_dir))
+
+    def scored(run: str, data_dir: str) -> Any:
+        ev = decide.evaluate.model_copy(
+            update={
+                "checkpoint": f"{run}/<best>",
+                "data_dir": data_dir,
+                "splits": ["dev", "test"],
+                "metrics_file": os.path.join(run, "seed-metrics.json"),
+                "confusion_png": os.path.join(run, "seed-confusion.png"),
+                "curve_png": os.path.join(run, "seed-valid_curve.png"),
+            }
+        )
+        return evaluate.run(ev)
+
+    runs: dict[str, dict[str, list[float]]] = {r: {"dev": [], "test": []} for r in roles}
+    right: dict[str, dict[str, list[Any]]] = {r: {"dev": [], "test": []} for r in roles}
     out_root = os.path.join(students.save_dir, "seeds")
     start = time.perf_counter()
-    for seed in args.seeds:
-        for name in ("alone", "student"):
-            run = os.path.join(out_root, f"{name}-seed{seed}")
-            cfg = students.train.model_copy(update={"data_dir": data[name], "save_dir": run, "seed": seed, **extra[name]})  # fmt: skip
+    for seed in [1, *args.seeds]:
+        for role, (name, cfg, data_dir) in roles.items():
+            run = os.path.join(students.save_dir, name) if seed == 1 else os.path.join(out_root, f"{name}-seed{seed}")  # fmt: skip
             if not os.path.exists(os.path.join(run, "best")):  # a rerun reuses finished runs
-                train.run(cfg)
-            ev = decide.evaluate.model_copy(
-                update={
-                    "checkpoint": f"{run}/<best>",
-                    "data_dir": data[name],
-                    "splits": ["dev", "test"],
-                    "metrics_file": os.path.join(run, "metrics.json"),
-                    "confusion_png": os.path.join(run, "confusion.png"),
-                    "curve_png": os.path.join(run, "valid_curve.png"),
-                }
-            )
-            m = evaluate.run(ev).metrics
-            metric = decide.major_metric
-            runs[name]["dev"].append(m["dev"][metric])
-            runs[name]["test"].append(m["test"][metric])
-            print(f"seed {seed} {name}: dev {m['dev'][metric]:.4f} test {m['test'][metric]:.4f}", flush=True)  # fmt: skip
-    dev_n = _split_rows(data["alone"], "dev")
-    test_n = _split_rows(data["alone"], "test")
+                train.run(cfg.model_copy(update={"data_dir": data_dir, "save_dir": run, "seed": seed}))  # fmt: skip
+            r = scored(run, data_dir)
+            for split in ("dev", "test"):
+                runs[role][split].append(r.metrics[split][metric])
+                rows = r.rows[split]
+                right[role][split].append(rows["probs"].argmax(1) == rows["labels"])
+            print(f"seed {seed} {role} ({name}): dev {r.metrics['dev'][metric]:.4f} test {r.metrics['test'][metric]:.4f}", flush=True)  # fmt: skip
+    t_rows = scored(os.path.join(decide.teacher_run), decide.teacher_data).rows
+    dev_n = len(right["alone"]["dev"][0])
+    test_n = len(right["alone"]["test"][0])
     mean = {f"{n}_{s}": statistics.mean(runs[n][s]) for n in runs for s in ("dev", "test")}
-    t_dev = scores["teacher"]["dev"]
+    t_dev, t_test = decision["dev"]["teacher"], decision["test"]["teacher"]
     share = kept_share(t_dev, mean["alone_dev"], mean["student_dev"])
+
+    def paired(a: Any, b: Any) -> dict[str, float]:
+        """Mean per-text correctness over the seeds, A minus B, with its paired SE."""
+        d = np.mean(a, axis=0) - np.mean(b, axis=0)
+        return {"diff": float(d.mean()), "se": float(d.std(ddof=1) / math.sqrt(len(d)))}
+
+    pairs: dict[str, dict[str, float]] = {}
+    for split in ("dev", "test"):
+        teacher_right = [t_rows[split]["probs"].argmax(1) == t_rows[split]["labels"]]
+        pairs[f"student_vs_alone_{split}"] = paired(right["student"][split], right["alone"][split])  # fmt: skip
+        pairs[f"teacher_vs_alone_{split}"] = paired(teacher_right, right["alone"][split])
+        if "own" in right:
+            pairs[f"student_vs_own_{split}"] = paired(right["student"][split], right["own"][split])  # fmt: skip
     result = {
         "student": best["run"],
+        "reference": reference,
+        "own_alone": own,
         "seeds": [1, *args.seeds],
         "teacher_dev": t_dev,
-        "teacher_test": scores["teacher"]["test"],
+        "teacher_test": t_test,
         "alone": runs["alone"],
         "student_runs": runs["student"],
+        **({"own_runs": runs["own"]} if "own" in runs else {}),
         "dev_n": dev_n,
         "test_n": test_n,
-        "mean": {**mean, "teacher_gain": t_dev - mean["alone_dev"], "kept_share": share},
+        "mean": {
+            **mean,
+            "teacher_gain": t_dev - mean["alone_dev"],
+            "kept_share": share,
+            "teacher_test_gain": t_test - mean["alone_test"],
+            "test_kept_share": kept_share(t_test, mean["alone_test"], mean["student_test"]),
+        },
         "se": {k: per_text_se(v, dev_n if k.endswith("dev") else test_n) for k, v in mean.items()},
+        "paired": pairs,
         "best_peer_test": args.best_peer_test,
         "seconds": round(time.perf_counter() - start, 1),
         "how": "train.seed 1 is the xdpx distill run (decision.json); the other seeds retrain the "
-        "chosen grid point and the n-gram alone on the same prepared data (bench/distill_seeds.py)",
+        "chosen grid point and its reference (alone, or the plan's baseline) on the same prepared "
+        "data (bench/distill_seeds.py); paired: per-text correctness averaged over the seeds, A "
+        "minus B, its mean and sd/sqrt(n)",
     }
     se = result["se"]
     print(
@@ -145,6 +184,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"{mean['student_dev']:.4f} ± {se['student_dev']:.4f}, teacher dev {t_dev:.4f}: kept "
         + (f"{share:.1%}" if share is not None else "n/a (teacher not ahead)")
     )
+    tp = pairs["student_vs_alone_test"]
+    print(f"test: student - {reference} {tp['diff']:+.4f} ± {tp['se']:.4f} (paired); kept "
+          + (f"{result['mean']['test_kept_share']:.1%}" if result["mean"]["test_kept_share"] is not None else "n/a")
+          + " of the teacher's test gain")  # fmt: skip
     print(f"student test {mean['student_test']:.4f} ± {se['student_test']:.4f}" + (
         f" vs best peer + 1.0 = {args.best_peer_test + 0.01:.4f}" if args.best_peer_test is not None else ""
     ))  # fmt: skip

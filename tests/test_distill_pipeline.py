@@ -273,3 +273,18 @@ def test_overrides_reach_top_level_and_nested_plan_keys():
     assert plan.teacher.overrides == ["prepro.transliterate=null", "train.threads=2"]
     with pytest.raises(ConfigError, match="must look like"):
         load_plan(str(ROOT / "distill" / "params.yaml"), ["raw"])
+
+
+@pytest.mark.unit
+def test_the_transformer_students_preset_starts_from_the_teacher_against_the_ngram(monkeypatch):
+    from xdpx.distillation import load_plan, step_configs
+
+    monkeypatch.chdir(ROOT)
+    preset = "distill/transformer-students.yaml"
+    cfg = step_configs(load_plan(preset), preset)
+    students = cfg["students"]
+    assert students["train"]["model"] == "hf_classifier"
+    assert students["train"]["pretrained_model"] == "models/distill-tf/teacher/best"
+    assert students["grid"]["layers"] == [2, 3]
+    assert students["baseline_train"]["model"] == "ngram_lr" and cfg["decide"]["baseline"]
+    assert students["prepro"]["tokenizer_path"] == cfg["teacher"]["prepro"]["tokenizer_path"]

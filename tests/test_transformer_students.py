@@ -178,3 +178,25 @@ def test_a_non_transformer_student_cannot_take_layers_or_the_teacher(project, mo
     plan = load_plan("distill/params.yaml", ["student.params=params/other.yaml"])
     with pytest.raises(ConfigError, match="needs the teacher's tokenizer"):
         step_configs(plan, "distill/params.yaml")
+
+
+def test_the_seeds_bench_retrains_student_reference_and_own_model_with_paired_se(pipeline, monkeypatch):  # fmt: skip
+    import importlib.util
+
+    root, _, _, decision = pipeline
+    spec = importlib.util.spec_from_file_location("distill_seeds", ROOT / "bench" / "distill_seeds.py")  # fmt: skip
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("XDPX_CACHE", str(root / "cache"))
+    out = bench.main(["--configs", "data/distill/configs", "--report", "reports/distill", "--seeds", "2"])  # fmt: skip
+    assert out["reference"] == "baseline" and out["own_alone"] == decision["own_alone"]["run"]
+    # seed 1 is the pipeline's own runs, scored again; seed 2 retrained
+    assert out["student_runs"]["dev"][0] == pytest.approx(decision["dev"]["student"])
+    assert out["alone"]["dev"][0] == pytest.approx(decision["dev"]["alone"])
+    assert len(out["own_runs"]["test"]) == 2
+    assert (root / "models/distill/student/seeds" / f"{decision['student_run']}-seed2" / "best").is_dir()  # fmt: skip
+    p = out["paired"]["student_vs_alone_test"]
+    mean = out["mean"]
+    assert p["diff"] == pytest.approx(mean["student_test"] - mean["alone_test"])
+    assert p["se"] > 0 and out["test_n"] == 100
