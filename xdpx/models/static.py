@@ -1,0 +1,703 @@
+"""``static_embed``: a static-embedding student, one vector per vocabulary piece distilled from a
+transformer encoder (Tulkens & van Dongen 2024, Model2Vec), mean-pooled into a linear head.
+
+**The vectors** (:func:`static_vectors`; written as safetensors, :func:`save_vectors`):
+
+1. each piece id ``t`` of the encoder's vocabulary goes alone through the encoder as
+   ``[CLS] t [SEP]`` (XLM-R vocabularies: ``<s> t </s>``), in batches, under
+   ``torch.no_grad``; its vector is the mean of the encoder's last hidden states over the
+   three positions. The two specials are kept in the mean on purpose: it is what Model2Vec
+   does for sub-word pieces (``create_output_embeddings_from_model``: the mean over the whole
+   3-position output; it puts ``[SEP]`` first and ``[CLS]`` last, which it found slightly
+   better, where we keep the order every other input of the encoder has), and the outputs
+   at ``[CLS]``/``[SEP]`` are themselves functions of the piece (``pool="token"`` takes the
+   piece's own position alone);
+2. PCA to ``dim`` components (``sklearn.decomposition.PCA``, centred, ``svd_solver="full"``;
+   ``dim`` is cut to the encoder's width or the number of pieces when it is larger, as
+   Model2Vec does), fitted on the pieces computed;
+3. each piece's row multiplied by a frequency weight (``weighting``):
+
+   * ``zipf`` (Model2Vec's default since 0.4): SIF with the probabilities estimated from the
+     piece's rank by Zipf's law, the id taken as the rank (sentencepiece and BPE vocabularies
+     are sorted by frequency): ``p(r) = (1 / (r + 2)) / sum_{j<V} 1 / (j + 2)`` over the
+     ``V`` ids of the vocabulary, weight ``a / (a + p(r))`` with ``a = 1e-4``
+     (``model2vec.distill.distillation._post_process_embeddings``, ``sif_coefficient``);
+   * ``sif``: smooth inverse frequency (Arora, Liang & Ma 2017, "A Simple but Tough-to-Beat
+     Baseline for Sentence Embeddings"), ``a / (a + p(w))`` with ``p(w)`` the piece's share
+     of the training texts' pieces (specials not counted) and ``a = 1e-3``; an unseen piece
+     gets weight 1;
+   * ``none``: 1.
+
+Which pieces get a vector: every id of the vocabulary but the specials (``[PAD]``, ``[CLS]``,
+``[SEP]``, ``[MASK]``, ``<s>``, ``</s>``, ``<pad>``, ...) and ``[unused<i>]`` (Model2Vec's
+``token_remove_pattern``) with ``static_tokens: all``; with ``train``, only the pieces the
+training texts use (a 250,002-piece multilingual vocabulary takes ~10 minutes on one CPU
+core; the built-in corpus uses ~7,000). A piece without a vector is skipped by the mean,
+like a special.
+
+**The model** (:class:`StaticEmbedding`): ``input_ids [batch, seq_len]`` (the teacher
+tokenizer's ids: prepro with ``tokenizer: hf`` and the encoder's ``tokenizer_path``) ->
+the mean of the piece vectors over the positions that have one (not padding, not a special)
+-> optional LayerNorm -> dropout -> linear -> ``logits [batch, num_labels]``. For pairs
+encoded jointly (``[CLS] a [SEP] b [SEP]``, prepro's ``pair_encoding: joint``) each segment is
+pooled alone (:func:`xdpx.models.hf.pair_token_type_ids`) and the head reads
+``[u, v, |u - v|, u * v]`` (Conneau et al. 2017, InferSent). The vectors are trained with
+the head, or frozen (``freeze_embeddings``). A piece's vector is one row of a compact table
+(``num_vectors + 1`` rows, row 0 = no vector) found through an int32 id -> row map, so a
+250k-piece vocabulary of which the corpus uses 7,000 costs 7,000 rows. The ONNX graph is two
+Gathers, a MatMul of the ``[batch, 1, seq_len]`` keep-mask with the ``[batch, seq_len, dim]``
+vectors, a division and the head's Gemm.
+
+**Where the vectors come from at training time**: :meth:`StaticEmbedding.prepare` (called by
+:func:`xdpx.models.build_for_training` like ``ngram_lr``'s) loads ``static_vectors`` (a file
+of :func:`save_vectors`) or computes them from ``static_encoder`` (a pretrained directory,
+``pkg:<module>/<dir>``, or an ``hf_classifier`` checkpoint, e.g. the distillation teacher's
+``<run>/<best>``), cached in ``$XDPX_CACHE/static`` under a key of the encoder's files, the
+pieces, ``dim`` and the weighting; with neither, the vectors start at random (a bag of
+trainable embeddings). ``config.json`` then holds ``static_vectors: null``,
+``static_encoder: null`` and the fitted sizes: the vectors live in the checkpoint's weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import logging
+import os
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from xdpx.models.hf import pair_token_type_ids
+
+log = logging.getLogger("xdpx.models.static")
+
+__all__ = [
+    "SPECIAL_TOKENS",
+    "StaticEmbedding",
+    "PieceEmbedding",
+    "encode_pieces",
+    "load_encoder",
+    "load_vectors",
+    "pca_reduce",
+    "piece_weights",
+    "save_vectors",
+    "static_vectors",
+]
+
+Weighting = Literal["zipf", "sif", "none"]
+Tokens = Literal["all", "train"]
+Pool = Literal["mean", "token"]
+
+#: Special pieces of BERT and XLM-R vocabularies: no vector, skipped by the mean.
+SPECIAL_TOKENS = frozenset(
+    {"[PAD]", "[CLS]", "[SEP]", "[MASK]", "<pad>", "<s>", "</s>", "<mask>", "<cls>", "<sep>"}
+)
+#: Model2Vec's ``token_remove_pattern``: BERT's unassigned ids (prepro writes ``[unused<i>]``
+#: for every id a tokenizer leaves unassigned, too).
+UNUSED = re.compile(r"\[unused\d+\]")
+#: The SIF coefficient of ``weighting: zipf`` (Model2Vec's ``sif_coefficient`` default).
+ZIPF_A = 1e-4
+#: The SIF coefficient of ``weighting: sif`` (Arora et al. 2017: 1e-3 to 1e-4 work well).
+SIF_A = 1e-3
+#: Bumped when the computation changes, so cached vectors of an older one are not reused.
+VECTORS_VERSION = 1
+_CLS = ("[CLS]", "<s>", "<cls>")
+_SEP = ("[SEP]", "</s>", "<sep>")
+
+
+# --------------------------------------------------------------------------- the vectors
+def load_encoder(source: str) -> tuple[nn.Module, list[str] | None, str]:
+    """The transformers encoder named by ``source``, in eval mode on the CPU.
+
+    Args:
+        source: an xdpx checkpoint of ``hf_classifier``/``hf_mlm`` (a directory with
+            ``config.json`` naming the model, or ``<run>/<best>``): its transformer body; or a
+            pretrained directory / ``pkg:<module>/<dir>`` / URL (:mod:`xdpx.pretrained`),
+            loaded with ``AutoModel``.
+
+    Returns:
+        ``(encoder, vocab_tokens, fingerprint)``: the base model (``last_hidden_state``), the
+        tokens of its vocabulary in id order (the checkpoint's ``vocab.txt``, the pretrained
+        tokenizer's; None when there is none) and a string that changes when its weights do.
+
+    Raises:
+        FileNotFoundError: ``source`` does not exist.
+        ValueError: the checkpoint's model is not a transformer.
+    """
+    from xdpx import io
+
+    ckpt_dir = _checkpoint_dir(source)
+    if ckpt_dir is not None:
+        from xdpx.checkpoint import load_checkpoint
+        from xdpx.data import VOCAB_FILE
+        from xdpx.data.vocab import read_tokens
+
+        ckpt = load_checkpoint(ckpt_dir)
+        hf = getattr(ckpt.model, "hf", None)
+        if hf is None:
+            raise ValueError(
+                f"static_encoder {source!r} is a {ckpt.name} checkpoint; it needs a transformer "
+                "(an hf_classifier/hf_mlm checkpoint or a pretrained directory)"
+            )
+        vocab_path = io.join(ckpt.path, VOCAB_FILE)
+        tokens = read_tokens(vocab_path) if io.exists(vocab_path) else None
+        manifest = io.join(ckpt.path, "manifest.json")
+        weights = io.read_bytes(manifest if io.exists(manifest) else io.join(ckpt.path, "model.safetensors"))  # fmt: skip
+        return hf.base_model.eval(), tokens, "ckpt:" + hashlib.sha256(weights).hexdigest()
+    from transformers import AutoModel
+
+    from xdpx.pretrained import quiet_transformers, resolve_pretrained
+
+    local = resolve_pretrained(source)
+    with quiet_transformers():
+        model = AutoModel.from_pretrained(local, local_files_only=True)
+    tokens = None
+    try:
+        from xdpx.data.tokenizers import HFTokenizer
+
+        tokens = HFTokenizer(local).vocab_tokens()
+    except ValueError:  # weights without tokenizer files: the vocabulary is not checked
+        pass
+    files = sorted(n for n in os.listdir(local) if n.endswith((".safetensors", ".bin", ".json")))
+    stats = [(n, os.stat(os.path.join(local, n)).st_size, os.stat(os.path.join(local, n)).st_mtime_ns) for n in files]  # fmt: skip
+    return model.eval(), tokens, "dir:" + json.dumps([local, stats])
+
+
+def _checkpoint_dir(source: str) -> str | None:
+    """``source`` resolved as an xdpx checkpoint (its config.json names an xdpx model), or
+    None when it is not one."""
+    from xdpx import io
+    from xdpx.checkpoint import CheckpointError, resolve_checkpoint
+    from xdpx.pretrained import BUILT_SOURCES, PKG_PREFIX
+
+    if source in BUILT_SOURCES or source.startswith(PKG_PREFIX):
+        return None
+    try:
+        path = resolve_checkpoint(source)
+        config = json.loads(io.read_text(io.join(path, "config.json")))
+    except (CheckpointError, OSError, ValueError):
+        return None
+    return path if isinstance(config, dict) and "model_config" in config else None
+
+
+@torch.no_grad()
+def encode_pieces(
+    encoder: nn.Module,
+    token_ids: Sequence[int],
+    cls_id: int | None,
+    sep_id: int | None,
+    batch_size: int = 512,
+    pool: Pool = "mean",
+    progress: bool = True,
+) -> np.ndarray:
+    """Each piece alone through ``encoder``: ``[CLS] t [SEP]`` (without the specials that are
+    None), the mean of its last hidden states over those positions (``pool="mean"``) or at
+    the piece's own position (``"token"``).
+
+    Args:
+        encoder: a transformers base model (``last_hidden_state``), eval mode.
+        token_ids: the pieces, ``[n]``.
+        cls_id, sep_id: the specials around each piece (None: left out).
+        batch_size: pieces per forward pass.
+        pool: see above.
+        progress: a tqdm bar on stderr.
+
+    Returns:
+        ``[n, hidden]`` float32.
+    """
+    from tqdm.auto import tqdm
+
+    ids = torch.as_tensor(np.asarray(token_ids, dtype=np.int64)).view(-1, 1)
+    columns = [torch.full_like(ids, cls_id)] if cls_id is not None else []
+    at = len(columns)
+    columns.append(ids)
+    if sep_id is not None:
+        columns.append(torch.full_like(ids, sep_id))
+    inputs = torch.cat(columns, dim=1)
+    device = next(encoder.parameters()).device
+    takes_types = "token_type_ids" in inspect.signature(encoder.forward).parameters
+    out = []
+    for start in tqdm(
+        range(0, len(inputs), batch_size), desc="static vectors", unit="batch",
+        disable=not progress, mininterval=5.0,
+    ):  # fmt: skip
+        x = inputs[start : start + batch_size].to(device)
+        kwargs = {"input_ids": x, "attention_mask": torch.ones_like(x)}
+        if takes_types:
+            kwargs["token_type_ids"] = torch.zeros_like(x)
+        hidden = encoder(**kwargs).last_hidden_state.float()
+        out.append((hidden.mean(dim=1) if pool == "mean" else hidden[:, at]).cpu())
+    if not out:
+        return np.zeros((0, _hidden_size(encoder)), dtype=np.float32)
+    return torch.cat(out).numpy().astype(np.float32)
+
+
+def _hidden_size(encoder: nn.Module) -> int:
+    return int(getattr(getattr(encoder, "config", None), "hidden_size", 0))
+
+
+def pca_reduce(x: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """PCA of the rows of ``x`` to ``min(dim, x.shape[1], x.shape[0])`` components
+    (``sklearn.decomposition.PCA``, centred, ``svd_solver="full"``).
+
+    Returns:
+        ``([n, d] float32 projections, [d] explained variance ratios, decreasing)``.
+    """
+    from sklearn.decomposition import PCA
+
+    d = min(dim, x.shape[1], x.shape[0])
+    if d < dim:
+        log.warning("static_dim %d > %d (pieces x encoder width): %d dimensions", dim, d, d)
+    pca = PCA(n_components=d, svd_solver="full")
+    y = pca.fit_transform(x.astype(np.float64))
+    return y.astype(np.float32), pca.explained_variance_ratio_.astype(np.float64)
+
+
+def piece_weights(
+    weighting: Weighting,
+    token_ids: Sequence[int],
+    vocab_size: int,
+    counts: np.ndarray | None = None,
+) -> np.ndarray:
+    """The frequency weight of each piece (the module docstring's formulas).
+
+    Args:
+        weighting: ``zipf`` (SIF over Zipf-law probabilities from the id as the rank, a =
+            :data:`ZIPF_A`), ``sif`` (SIF over ``counts``, a = :data:`SIF_A`) or ``none``.
+        token_ids: ``[n]`` the pieces.
+        vocab_size: ``V``, the ids the Zipf normaliser runs over.
+        counts: ``[vocab_size]`` piece counts of the training texts (``sif``).
+
+    Returns:
+        ``[n]`` float64 in (0, 1].
+
+    Raises:
+        ValueError: an unknown weighting, or ``sif`` without counts.
+    """
+    ids = np.asarray(token_ids, dtype=np.int64)
+    if weighting == "none":
+        return np.ones(len(ids))
+    if weighting == "zipf":
+        norm = np.sum(1.0 / np.arange(2, vocab_size + 2, dtype=np.float64))
+        p = (1.0 / (ids + 2.0)) / norm
+        return ZIPF_A / (ZIPF_A + p)
+    if weighting == "sif":
+        if counts is None:
+            raise ValueError("weighting=sif needs the training texts' piece counts")
+        counts = np.asarray(counts, dtype=np.float64)
+        p = counts[ids] / max(counts.sum(), 1.0)
+        return SIF_A / (SIF_A + p)
+    raise ValueError(f"weighting must be 'zipf', 'sif' or 'none', got {weighting!r}")
+
+
+def static_vectors(
+    encoder: str | nn.Module,
+    vocab_size: int,
+    token_ids: Sequence[int] | None = None,
+    dim: int = 256,
+    batch_size: int = 512,
+    weighting: Weighting = "zipf",
+    counts: np.ndarray | None = None,
+    cls_id: int | None = None,
+    sep_id: int | None = None,
+    pool: Pool = "mean",
+    out_file: str | None = None,
+    progress: bool = True,
+) -> np.ndarray:
+    """The static vector of every piece: encoder pass, PCA, weighting (module docstring).
+
+    Args:
+        encoder: a source :func:`load_encoder` takes, or a loaded transformers base model.
+        vocab_size: rows of the result (the vocabulary's ids).
+        token_ids: the pieces to compute (the PCA is fitted on them); None = every id below
+            ``vocab_size`` but ``cls_id``/``sep_id``. The other rows are zero.
+        dim: PCA components (cut to the encoder's width / the number of pieces).
+        batch_size: pieces per forward pass.
+        weighting: ``zipf``, ``sif`` (needs ``counts``) or ``none``.
+        counts: ``[vocab_size]`` piece counts of a corpus (``sif``).
+        cls_id, sep_id: the specials around each piece; None = the encoder's tokenizer's
+            ``cls_token_id``/``sep_token_id`` (a checkpoint: its vocab.txt's ``[CLS]``/``<s>``,
+            ``[SEP]``/``</s>``), absent when it has none.
+        pool: ``mean`` over ``[CLS] t [SEP]`` or ``token`` (t's own position).
+        out_file: also write the computed rows there (:func:`save_vectors`).
+        progress: a tqdm bar.
+
+    Returns:
+        ``[vocab_size, d]`` float32.
+    """
+    tokens = None
+    if isinstance(encoder, str):
+        encoder, tokens, _ = load_encoder(encoder)
+    if cls_id is None and tokens is not None:
+        cls_id = _find(tokens, _CLS)
+    if sep_id is None and tokens is not None:
+        sep_id = _find(tokens, _SEP)
+    if token_ids is None:
+        token_ids = [i for i in range(vocab_size) if i not in (cls_id, sep_id)]
+    ids = np.asarray(token_ids, dtype=np.int64)
+    raw = encode_pieces(encoder, ids, cls_id, sep_id, batch_size, pool, progress)
+    vectors, _ = pca_reduce(raw, dim)
+    vectors *= piece_weights(weighting, ids, vocab_size, counts)[:, None].astype(np.float32)
+    if out_file is not None:
+        save_vectors(out_file, ids, vectors)
+    dense = np.zeros((vocab_size, vectors.shape[1]), dtype=np.float32)
+    dense[ids] = vectors
+    return dense
+
+
+def _find(tokens: Sequence[str], names: Sequence[str]) -> int | None:
+    for name in names:
+        if name in tokens:
+            return tokens.index(name)
+    return None
+
+
+def save_vectors(
+    path: str, token_ids: np.ndarray, vectors: np.ndarray, meta: dict[str, str] | None = None
+) -> None:
+    """Write piece vectors as safetensors (atomically, any fsspec path): ``ids`` ``[n]``
+    int64 and ``vectors`` ``[n, d]`` float32 (``train.static_vectors`` reads this)."""
+    from safetensors.numpy import save
+
+    from xdpx import io
+
+    tensors = {
+        "ids": np.ascontiguousarray(token_ids, dtype=np.int64),
+        "vectors": np.ascontiguousarray(vectors, dtype=np.float32),
+    }
+    io.write_bytes(path, save(tensors, metadata=meta))
+
+
+def load_vectors(path: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids [n] int64, vectors [n, d] float32)`` of a :func:`save_vectors` file; a file with
+    ``vectors`` alone (``[vocab_size, d]``, a vector per id) gives the ids of its non-zero rows.
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: no ``vectors`` tensor, or ``ids`` that
+        do not match it.
+    """
+    from safetensors.numpy import load
+
+    from xdpx import io
+
+    if not io.exists(path):
+        raise FileNotFoundError(f"static_vectors {path} not found")
+    tensors = load(io.read_bytes(path))
+    if "vectors" not in tensors:
+        raise ValueError(f"{path}: no 'vectors' tensor (found {sorted(tensors)})")
+    vectors = tensors["vectors"].astype(np.float32)
+    if "ids" in tensors:
+        ids = tensors["ids"].astype(np.int64)
+    else:
+        ids = np.flatnonzero(np.abs(vectors).sum(1) > 0)
+        vectors = vectors[ids]
+    if vectors.ndim != 2 or len(ids) != len(vectors):
+        raise ValueError(f"{path}: ids {ids.shape} do not match vectors {vectors.shape}")
+    return ids, vectors
+
+
+# ------------------------------------------------------------------------------ the model
+class PieceEmbedding(nn.Embedding):
+    """The piece vectors: ``rows`` (int32 ``[vocab_size]``, id -> row, 0 = no vector) and a
+    ``[num_vectors + 1, dim]`` table whose row 0 stays zero. Called with the input ids (what
+    FreeLB's hook checks, :mod:`xdpx.train.adversarial`), it returns ``[..., dim]``."""
+
+    def __init__(self, vocab_size: int, num_vectors: int, dim: int) -> None:
+        super().__init__(num_vectors + 1, dim, padding_idx=0)
+        self.register_buffer("rows", torch.zeros(vocab_size, dtype=torch.int32))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        rows = self.rows[input_ids].to(torch.int64)
+        return F.embedding(rows, self.weight, self.padding_idx)
+
+    def kept(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """``[...]`` bool: the positions whose piece has a vector."""
+        return self.rows[input_ids] != 0
+
+
+class StaticEmbedding(nn.Module):
+    """Mean of static piece vectors -> optional LayerNorm -> dropout -> linear (module docstring).
+
+    Args:
+        vocab_size: the tokenizer's ids (prepro meta).
+        num_labels: output classes.
+        pad_id: padding id (never pooled).
+        sep_id: the separator, for jointly encoded pairs.
+        pair: the data are pairs encoded jointly: each segment pooled alone, the head reads
+            ``[u, v, |u - v|, u * v]`` (ignored without ``sep_id``).
+        static_vectors: a :func:`save_vectors` file (:meth:`prepare` loads it).
+        static_encoder: the encoder :meth:`prepare` computes the vectors from
+            (:func:`load_encoder`'s sources), when ``static_vectors`` is None.
+        static_dim: PCA dimensions (the width of the table; :meth:`prepare` may cut it to the
+            encoder's width, or take a ``static_vectors`` file's).
+        static_weighting: ``zipf``, ``sif`` or ``none`` (:func:`piece_weights`).
+        static_tokens: ``all`` (every piece of the vocabulary) or ``train`` (the pieces of the
+            training texts) get a vector.
+        static_layer_norm: a LayerNorm (elementwise affine) on each pooled vector.
+        freeze_embeddings: keep the piece vectors fixed (train the head only).
+        dropout: dropout on the head's input.
+        num_vectors: rows of the table but row 0 (set by :meth:`prepare`, saved in
+            config.json); None = every id its own row (before ``prepare``).
+
+    Raises:
+        ValueError: ``static_dim`` < 1.
+    """
+
+    #: ``train.learning_rate: null`` means this: AdamW on a linear head over mean vectors
+    #: and the vectors themselves (fastText's setting is SGD at 0.1; Adam's steps are per
+    #: weight).
+    default_learning_rate = 1e-2
+    #: :func:`xdpx.models.build_for_training` hands ``prepare`` vocab.txt as written (the
+    #: tokenizer's own ids), not :meth:`xdpx.data.vocab.Vocab.load`'s shifted ``[PAD]``/``[UNK]``.
+    vocab_as_written = True
+
+    def __init__(
+        self,
+        vocab_size: int,
+        num_labels: int,
+        pad_id: int = 0,
+        sep_id: int | None = None,
+        pair: bool = False,
+        static_vectors: str | None = None,
+        static_encoder: str | None = None,
+        static_dim: int = 256,
+        static_weighting: Weighting = "zipf",
+        static_tokens: Tokens = "all",
+        static_layer_norm: bool = False,
+        freeze_embeddings: bool = False,
+        dropout: float = 0.0,
+        num_vectors: int | None = None,
+    ) -> None:
+        super().__init__()
+        if static_dim < 1:
+            raise ValueError(f"static_dim must be >= 1, got {static_dim}")
+        self.vocab_size = vocab_size
+        self.num_labels = num_labels
+        self.pad_id = pad_id
+        self.sep_id = sep_id
+        self.pair = bool(pair) and sep_id is not None
+        self.static_vectors = static_vectors
+        self.static_encoder = static_encoder
+        self.weighting = static_weighting
+        self.tokens = static_tokens
+        self.layer_norm = static_layer_norm
+        self.freeze = freeze_embeddings
+        self.dropout_p = dropout
+        self.min_len = 1
+        # padding is masked out: a text's logits do not depend on its batch-mates' lengths
+        self.length_sorted_inference = True
+        if num_vectors is None:  # every id its own row, padding none
+            self._build(vocab_size, static_dim)
+            rows = torch.arange(1, vocab_size + 1, dtype=torch.int32)
+            rows[pad_id] = 0
+            self.embedding.rows.copy_(rows)
+        else:
+            self._build(num_vectors, static_dim)
+
+    def _build(self, num_vectors: int, dim: int) -> None:
+        """(Re)create the table (N(0, 1) rows, row 0 zero), the LayerNorm and the head."""
+        self.num_vectors = num_vectors
+        self.dim = dim
+        self.embedding = PieceEmbedding(self.vocab_size, num_vectors, dim)
+        self.embedding.weight.requires_grad_(not self.freeze)
+        self.LayerNorm = nn.LayerNorm(dim) if self.layer_norm else None
+        self.dropout = nn.Dropout(self.dropout_p)
+        self.classifier = nn.Linear(dim * (4 if self.pair else 1), self.num_labels)
+
+    def get_input_embeddings(self) -> PieceEmbedding:
+        """The piece vectors (FreeLB perturbs their output; ``xdpx.train.adversarial``)."""
+        return self.embedding
+
+    def pool(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """``[batch, S, dim]``: the mean vector of each text (S = 1), or of each segment of a
+        jointly encoded pair (S = 2), over the positions with a vector; zero when none."""
+        vectors = self.embedding(input_ids)  # [B, T, D]
+        keep = self.embedding.kept(input_ids).to(vectors.dtype)  # [B, T]
+        if self.pair:
+            second = pair_token_type_ids(input_ids, self.sep_id, self.pad_id).to(vectors.dtype)
+            weights = torch.stack([keep * (1 - second), keep * second], dim=1)  # [B, 2, T]
+        else:
+            weights = keep.unsqueeze(1)  # [B, 1, T]
+        sums = torch.bmm(weights, vectors)  # [B, S, D]
+        return sums / weights.sum(dim=2, keepdim=True).clamp(min=1.0)
+
+    def features(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The head's input: ``[batch, dim]``, or ``[batch, 4 dim]`` for pairs."""
+        pooled = self.pool(input_ids)
+        if self.LayerNorm is not None:
+            pooled = self.LayerNorm(pooled)
+        if not self.pair:
+            return pooled[:, 0]
+        u, v = pooled[:, 0], pooled[:, 1]
+        return torch.cat([u, v, (u - v).abs(), u * v], dim=1)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Args: input_ids ``[batch, seq_len]`` int64. Returns: logits ``[batch, num_labels]``."""
+        return self.classifier(self.dropout(self.features(input_ids)))
+
+    # -------------------------------------------------------------- preparation
+    def prepare(
+        self,
+        vocab_tokens: Sequence[str] | None = None,
+        train_input_ids: Iterable[np.ndarray] | None = None,
+        batch_size: int = 512,
+        progress: bool = True,
+    ) -> dict[str, Any]:
+        """Fill the table before training: load ``static_vectors``, or compute the vectors
+        from ``static_encoder`` (cached), or draw them at random; the pieces without one
+        (specials, padding, ``[unused<i>]``, with ``static_tokens: train`` the pieces the
+        training texts do not use) map to row 0 and are skipped by the mean.
+
+        Args:
+            vocab_tokens: the data's vocab.txt as written (line i = id i).
+            train_input_ids: the training texts as id arrays (piece counts: ``sif``, ``train``).
+            batch_size: pieces per encoder pass.
+            progress: a tqdm bar while computing.
+
+        Returns:
+            Facts for the log: ``source`` (``vectors``, ``encoder``, ``cache`` or ``random``),
+            ``num_vectors``, ``static_dim``, ``explained_variance`` (computed vectors), ...
+
+        Raises:
+            ValueError: the vocabulary has another size than ``vocab_size``, the encoder's
+                vocabulary differs from the data's, a vectors file has ids outside it.
+        """
+        if vocab_tokens is None:
+            raise ValueError("static_embed.prepare needs the vocabulary (vocab.txt)")
+        tokens = list(vocab_tokens)
+        if len(tokens) != self.vocab_size:
+            raise ValueError(
+                f"vocabulary has {len(tokens)} tokens, the model vocab_size={self.vocab_size}"
+            )
+        arrays = [np.asarray(x, dtype=np.int64) for x in (train_input_ids or ())]
+        texts = len(arrays)
+        flat = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
+        counts = np.bincount(flat, minlength=self.vocab_size)[: self.vocab_size]
+        no_vector = {self.pad_id} | {i for i, t in enumerate(tokens) if t in SPECIAL_TOKENS or UNUSED.fullmatch(t)}  # fmt: skip
+        counts[list(no_vector)] = 0
+        candidates = np.array([i for i in range(self.vocab_size) if i not in no_vector], dtype=np.int64)  # fmt: skip
+        if self.tokens == "train":
+            candidates = candidates[counts[candidates] > 0]
+        facts: dict[str, Any] = {"train_texts": texts}
+        if self.static_vectors:
+            ids, vectors = load_vectors(self.static_vectors)
+            if len(ids) and (ids.min() < 0 or ids.max() >= self.vocab_size):
+                raise ValueError(f"{self.static_vectors}: ids outside the vocabulary 0..{self.vocab_size - 1}")  # fmt: skip
+            keep = ~np.isin(ids, list(no_vector))
+            ids, vectors = ids[keep], vectors[keep]
+            facts["source"] = f"vectors {self.static_vectors}"
+        elif self.static_encoder:
+            ids, vectors, more = self._from_encoder(tokens, candidates, counts, batch_size, progress)  # fmt: skip
+            facts.update(more)
+        else:
+            ids = candidates
+            vectors = torch.randn(len(ids), self.dim).numpy()
+            facts["source"] = "random"
+        rows = np.zeros(self.vocab_size, dtype=np.int32)
+        rows[ids] = np.arange(1, len(ids) + 1, dtype=np.int32)
+        device = self.classifier.weight.device
+        self._build(len(ids), int(vectors.shape[1]))
+        with torch.no_grad():
+            self.embedding.rows.copy_(torch.from_numpy(rows))
+            self.embedding.weight[1:] = torch.from_numpy(np.ascontiguousarray(vectors))
+        self.to(device)
+        facts.update(num_vectors=self.num_vectors, static_dim=self.dim)
+        return facts
+
+    def _from_encoder(
+        self,
+        tokens: list[str],
+        ids: np.ndarray,
+        counts: np.ndarray,
+        batch_size: int,
+        progress: bool,
+    ) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+        """The vectors of ``ids`` from ``static_encoder``, through the cache."""
+        from xdpx import io
+
+        encoder, encoder_tokens, fingerprint = load_encoder(self.static_encoder)
+        rows = encoder.get_input_embeddings().num_embeddings
+        if self.vocab_size > rows:
+            raise ValueError(
+                f"the data use {self.vocab_size} token ids but static_encoder "
+                f"{self.static_encoder} has {rows} embedding rows: prepro must use its tokenizer "
+                f"(prepro.tokenizer=hf, prepro.tokenizer_path=<its tokenizer>)"
+            )
+        if encoder_tokens is not None:
+            differ = [i for i, (a, b) in enumerate(zip(tokens, encoder_tokens, strict=False)) if a != b]  # fmt: skip
+            if differ:
+                i = differ[0]
+                raise ValueError(
+                    f"static_encoder {self.static_encoder}'s vocabulary differs from the data's "
+                    f"at {len(differ)} ids (id {i}: {encoder_tokens[i]!r} vs {tokens[i]!r}): "
+                    "prepare the data with its tokenizer (prepro.tokenizer=hf, "
+                    "prepro.tokenizer_path=<its tokenizer>)"
+                )
+        cls_id, sep_id = _find(tokens, _CLS), _find(tokens, _SEP)
+        key = {
+            "version": VECTORS_VERSION, "encoder": fingerprint, "dim": self.dim,
+            "weighting": self.weighting, "cls": cls_id, "sep": sep_id,
+            "vocab_size": self.vocab_size,
+            "ids": hashlib.sha256(ids.tobytes()).hexdigest(),
+            "counts": hashlib.sha256(counts.tobytes()).hexdigest() if self.weighting == "sif" else None,  # fmt: skip
+        }  # fmt: skip
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+        cached = os.path.join(io.cache_dir("static"), f"{digest}.safetensors")
+        if os.path.exists(cached):
+            got_ids, vectors = load_vectors(cached)
+            if np.array_equal(got_ids, ids):
+                log.info("static vectors of %s from the cache %s", self.static_encoder, cached)
+                return ids, vectors, {"source": f"cache {cached}", "encoder": self.static_encoder}
+        log.info(
+            "static vectors: %d pieces through %s ([CLS] t [SEP], mean), PCA to %d, %s weights",
+            len(ids), self.static_encoder, self.dim, self.weighting,
+        )  # fmt: skip
+        raw = encode_pieces(encoder, ids, cls_id, sep_id, batch_size, "mean", progress)
+        vectors, ratio = pca_reduce(raw, self.dim)
+        vectors *= piece_weights(self.weighting, ids, self.vocab_size, counts)[:, None].astype(np.float32)  # fmt: skip
+        meta = {"key": json.dumps(key, sort_keys=True), "encoder": str(self.static_encoder)}
+        tmp = f"{cached}.tmp-{os.getpid()}"
+        save_vectors(tmp, ids, vectors, meta)
+        os.replace(tmp, cached)
+        facts = {
+            "source": "encoder", "encoder": self.static_encoder, "cache": cached,
+            "explained_variance": round(float(ratio.sum()), 4),
+        }  # fmt: skip
+        return ids, vectors, facts
+
+    def saved_config_updates(self) -> dict[str, Any]:
+        """Constructor arguments that :meth:`prepare` changed (merged into config.json)."""
+        return {"num_vectors": self.num_vectors, "static_dim": self.dim}
+
+    def saved_config(self) -> dict[str, Any]:
+        """Constructor arguments that rebuild this model without the encoder or the vectors
+        file: the vectors are in the weights."""
+        return {
+            "vocab_size": self.vocab_size,
+            "num_labels": self.num_labels,
+            "pad_id": self.pad_id,
+            "sep_id": self.sep_id,
+            "pair": self.pair,
+            "static_vectors": None,
+            "static_encoder": None,
+            "static_dim": self.dim,
+            "static_weighting": self.weighting,
+            "static_tokens": self.tokens,
+            "static_layer_norm": self.layer_norm,
+            "freeze_embeddings": self.freeze,
+            "dropout": self.dropout_p,
+            "num_vectors": self.num_vectors,
+        }
+
+    def extra_repr(self) -> str:
+        return (
+            f"vocab_size={self.vocab_size}, num_vectors={self.num_vectors}, dim={self.dim}, "
+            f"pair={self.pair}, frozen={self.freeze}"
+        )
