@@ -267,21 +267,30 @@ def _evaluate(cfg: DecideStep, name: str, checkpoint: str, data_dir: str) -> Any
 
 def paired_rows(a: Any, b: Any, metric: str) -> dict[str, dict[str, Any]]:
     """``{split: paired_comparison(a, b)}`` for each split both evaluations hold rows of
-    (:func:`xdpx.metrics.paired_comparison`, A minus B). A split whose gold labels differ
-    between the two (data prepared from other files) is left out with a warning: the rows
-    would not be the same texts."""
+    (:func:`xdpx.metrics.paired_comparison`, A minus B), B's classes put in A's index order
+    (each prepared data dir numbers the labels in its own target map). A split whose gold
+    labels differ between the two (data prepared from other files) is left out with a
+    warning: the rows would not be the same texts."""
+    import numpy as np
+
     from xdpx.metrics import paired_comparison
 
     out: dict[str, dict[str, Any]] = {}
     for split in sorted(set(a.rows) & set(b.rows)):
         ra, rb = a.rows[split], b.rows[split]
-        if len(ra["labels"]) != len(rb["labels"]) or (ra["labels"] != rb["labels"]).any():
+        names = list(ra["names"])  # B's classes in A's index order (target maps may differ)
+        if sorted(names) != sorted(rb["names"]):
+            log.warning("%s: the two models' %s labels differ (%s vs %s): no paired test", metric, split, names, list(rb["names"]))  # fmt: skip
+            continue
+        order = [list(rb["names"]).index(n) for n in names]
+        yb = np.asarray([names.index(n) for n in rb["names"]])[rb["labels"]]
+        if len(ra["labels"]) != len(yb) or (ra["labels"] != yb).any():
             log.warning("%s: the two models' %s rows are not the same texts: no paired test", metric, split)  # fmt: skip
             continue
+        pb = rb["probs"][:, order]
         out[split] = paired_comparison(
-            ra["labels"], ra["probs"].argmax(1), rb["probs"].argmax(1), metric,
-            ra["probs"], rb["probs"],
-        )  # fmt: skip
+            ra["labels"], ra["probs"].argmax(1), pb.argmax(1), metric, ra["probs"], pb
+        )
     return out
 
 

@@ -40,7 +40,8 @@ class EvaluateResult(BaseModel):
     """Metrics per split and the files written.
 
     ``rows`` (not serialised: ``model_dump`` leaves it out) holds, per classification split,
-    the row-aligned ``labels [n]`` and ``probs [n, num_labels]`` the metrics came from, for a
+    the row-aligned ``labels [n]`` and ``probs [n, num_labels]`` the metrics came from and the
+    label ``names [num_labels]`` of their indices (the target map: its order is the data's), for a
     paired comparison of two checkpoints on the same texts
     (:func:`xdpx.metrics.paired_comparison`; the distillation ship rule).
     """
@@ -98,7 +99,7 @@ def run(cfg: EvaluateConfig) -> EvaluateResult:
         else:
             probs = probs_from_logits(logits)
             metrics[split] = classification_metrics(y, probs)
-            rows[split] = {"labels": y, "probs": probs}
+            rows[split] = {"labels": y, "probs": probs, "names": np.asarray(ckpt_labels)}
             cm = confusion_matrix(y, probs.argmax(1), labels=list(range(len(ckpt_labels))))
         log.info("%s: %s", split, {k: round(v, 4) for k, v in metrics[split].items()})
     io.write_text(cfg.metrics_file, json.dumps(metrics, indent=2) + "\n")
