@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from pathlib import Path
 
 import pytest
@@ -101,11 +100,9 @@ def test_a_new_kind_of_row_appears_without_code_changes(suite) -> None:
 @pytest.mark.unit
 def test_the_plots_are_written_per_corpus_and_the_docs_pngs_are_current(suite, tmp_path) -> None:
     """One PNG per corpus, carrying its plotted data; the committed docs/img PNGs hold the
-    data the generator draws now and, with the matplotlib that drew them, the same bytes
-    (rendering is deterministic for one matplotlib version: fixed size and dpi, no
-    timestamp; another version may rasterise differently, so then the data decide)."""
-    import matplotlib
-
+    data the generator draws now. The data decide, not the bytes: the raster depends on the
+    matplotlib version and on the process's text-layout state (in a full parallel run, after
+    other figures, a committed PNG came out 3 pixels taller with the same data)."""
     from flows.which_model import (
         PLOT_DATA_KEY,
         plot_file,
@@ -131,9 +128,6 @@ def test_the_plots_are_written_per_corpus_and_the_docs_pngs_are_current(suite, t
             f"{committed} is stale: xdpx suite --table-only reports/suite.json --docs "
             "docs/benchmark-suite.md"
         )
-        drawn_by = re.sub(r"^matplotlib ", "", _png_text(committed).get("Software", ""))
-        if drawn_by == matplotlib.__version__:
-            assert committed.read_bytes() == png.read_bytes()
 
 
 @pytest.mark.unit

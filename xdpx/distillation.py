@@ -67,6 +67,7 @@ from xdpx.config import (
     read_yaml_mapping,
 )
 from xdpx.data import DataError
+from xdpx.rundir import RunDir
 
 __all__ = [
     "STEPS",
@@ -421,7 +422,7 @@ def step_configs(plan: DistillPlan, plan_file: str = PLAN_FILE) -> dict[str, dic
         s = s.model_copy(
             update={
                 "train": s.train.model_copy(
-                    update={"pretrained_model": f"{plan.teacher.save_dir.rstrip('/')}/best"}
+                    update={"pretrained_model": RunDir(plan.teacher.save_dir).best}
                 )
             }  # fmt: skip
         )

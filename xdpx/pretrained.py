@@ -210,7 +210,9 @@ def checkpoint_as_pretrained(checkpoint: str, dest: str) -> str:
     hf_config = dict(saved["model_config"].get("hf_config") or {})
     if saved["model_config"].get("pretrained_model") or "model_type" not in hf_config:
         raise ValueError(f"{real}: model {saved['model']!r} is not a transformers model with a saved hf_config")  # fmt: skip
-    with open(os.path.join(real, "meta.json"), encoding="utf-8") as f:
+    from xdpx.data.meta import META_FILE
+
+    with open(os.path.join(real, META_FILE), encoding="utf-8") as f:
         meta = json.load(f)
     labels = list(meta.get("labels", []))
     arch = {"hf_classifier": "ForSequenceClassification", "hf_mlm": "ForMaskedLM"}
