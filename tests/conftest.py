@@ -20,7 +20,8 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
 # 2 cores, 2026-11-28: dvc 141, doctor 101, multinode 92, hf 90, scale 87, distributed 82,
 # deploy 75, dvc_queue 67, remote 63, flow 58, cv 48, gpu_check 47, bench_scale 44, suite 44,
 # dvc_remote 43, mlm 33, record 28, freelb 23, resume 21, server 21; every other file under
-# 20). They start first, longest first, so that under pytest-xdist no long file is left to
+# 20; added 2026-12-01 by their time alone on 1 thread: transformer_students ~60,
+# bench_serve_students ~38, trim ~37, static ~29). They start first, longest first, so that under pytest-xdist no long file is left to
 # run alone at the end. This needs `--no-loadscope-reorder` (the Makefile passes it): by
 # default pytest-xdist >= 3.6 reorders files by their number of tests, which put these (1-13
 # tests each) last and left one worker idle for ~5 of the suite's 16 minutes.
@@ -35,13 +36,17 @@ _SLOW_FIRST = (
     "test_deploy.py",
     "test_dvc_queue.py",
     "test_remote.py",
+    "test_transformer_students.py",
     "test_flow.py",
     "test_cv.py",
     "test_gpu_check.py",
     "test_bench_scale.py",
     "test_suite.py",
     "test_dvc_remote.py",
+    "test_bench_serve_students.py",
+    "test_trim.py",
     "test_mlm.py",
+    "test_static.py",
     "test_record.py",
     "test_freelb.py",
     "test_resume.py",

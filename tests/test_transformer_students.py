@@ -60,7 +60,7 @@ def project(real_subset, tmp_path_factory):
     (root / "params" / "ngram.yaml").write_text(yaml.safe_dump(ngram, sort_keys=False))
     (root / "params" / "teacher.yaml").write_text(yaml.safe_dump(HF, sort_keys=False))
     student = json.loads(json.dumps(HF))
-    student["train"]["max_epoch"] = 3
+    student["train"]["max_epoch"] = 2
     (root / "params" / "student.yaml").write_text(yaml.safe_dump(student, sort_keys=False))
     (root / "distill").mkdir()
     plan = yaml.safe_load((ROOT / "distill" / "params.yaml").read_text())
