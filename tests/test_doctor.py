@@ -17,6 +17,8 @@ file, or a monkeypatched model/trainer function) and asserts that the report nam
 | (h) a DDP sampler whose order ignores the epoch | the epoch order seeded by seed only | data_order FAIL |
 | (i) dev's labels inverted with respect to train's | dev.tsv with neg and pos swapped | split_consistency FAIL |
 | (j) warmup longer than the run's budget | train.warmup_steps | schedule FAIL |
+| (l) a label leaked into the text | every pos text of every split ends with '～' | shortcuts WARN |
+| (m) 25% of train's labels flipped (dev, test clean) | the whole built-in corpus, 3,472 train labels swapped | label_issues WARN, split_consistency WARN |
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -392,3 +395,104 @@ def test_doctor_command_writes_the_json_report(real_subset, tmp_path, monkeypatc
     fast = CliRunner().invoke(app, ["doctor", "--fast", "train.model=ngram_lr"])
     assert fast.exit_code == 0, fast.output
     assert "OK    reduction" in fast.stdout and "overfit_batch" not in fast.stdout
+
+
+def _written_raw(src: str, dst: Path, edit) -> str:
+    """``src``'s raw splits copied to ``dst/raw`` with ``edit(split, frame)`` applied, then
+    prepared with the demo's prepro (``max_len`` 128); the prepared directory."""
+    (dst / "raw").mkdir(parents=True)
+    for split in ("train", "dev", "test"):
+        df = read_tsv(Path(src) / f"{split}.tsv")
+        edit(split, df)
+        df.to_csv(dst / "raw" / f"{split}.tsv", sep="\t", index=False, quoting=csv.QUOTE_NONE)
+    out = str(dst / "prepared")
+    prepro.run(PreproConfig(data_source=str(dst / "raw"), data_dir=out, max_len=128))
+    return out
+
+
+LABEL_CHECKS = ("alignment", "split_consistency", "label_issues", "shortcuts")
+
+
+def test_l_a_label_leaked_into_the_text_is_named_with_its_counts(real_subset, tmp_path):
+    raw, _ = real_subset
+
+    def leak(split, df):
+        pos = df["label"] == "pos"
+        df.loc[pos, "text"] = df.loc[pos, "text"] + "～"  # a scraping artefact on one class
+
+    found = report(_written_raw(raw, tmp_path, leak), only=LABEL_CHECKS)
+    c = found["shortcuts"]
+    assert c.status == "warn", c.line()
+    assert "'～' -> pos" in c.detail and "give the label away" in c.detail
+    shown = "\n".join(c.lines)
+    n_pos = int((read_tsv(Path(raw) / "train.tsv")["label"] == "pos").sum())
+    m = re.search(r"train (?:neg (\d+), )?pos (\d+) of", shown)
+    assert m, shown
+    # pos texts holding it after the cut at max_len 128 (long reviews lose their end)
+    cut = sum("～" in t[:128] for t in read_tsv(Path(raw) / "train.tsv").query("label == 'pos'")["text"])  # fmt: skip
+    assert 0.9 * cut <= int(m.group(2)) <= n_pos and int(m.group(2)) >= 0.6 * n_pos, (m.group(0), cut, n_pos)  # fmt: skip
+    assert f"({int(m.group(2)) / n_pos:.0%} of pos's texts" in shown
+    assert int(m.group(1) or 0) <= 0.02 * n_pos  # neg texts only where the review had one
+    assert "dev: " in shown and "test: " in shown and "train.tsv:" in shown  # example lines
+    # the same corpus without the marker: no WARN (the clean tests check every other check)
+    assert report(real_subset[1], only=LABEL_CHECKS)["shortcuts"].status == "ok"
+
+
+@pytest.fixture(scope="module")
+def full_corpus(tmp_path_factory) -> str:
+    """The whole built-in corpus (13,891 / 1,736 / 1,736 reviews), raw."""
+    out = str(tmp_path_factory.mktemp("full") / "raw")
+    fetch.run(FetchConfig(out_dir=out))
+    return out
+
+
+def test_m_flipped_train_labels_are_estimated_and_listed(full_corpus, tmp_path):
+    flipped: set[int] = set()
+
+    def flip(split, df):
+        if split == "train":
+            rows = np.random.default_rng(0).choice(len(df), size=len(df) // 4, replace=False)
+            df.loc[rows, "label"] = df.loc[rows, "label"].map({"neg": "pos", "pos": "neg"})
+            flipped.update(int(r) + 2 for r in rows)  # file lines: the header is line 1
+
+    found = report(_written_raw(full_corpus, tmp_path, flip), only=LABEL_CHECKS)
+    c = found["label_issues"]
+    assert c.status == "warn", c.line()
+    assert "train's labels look much noisier than dev and test's" in c.detail
+    share = float(re.search(r"train ([\d.]+)% of", c.detail).group(1)) / 100
+    assert 0.15 <= share <= 0.35, c.detail  # 25% injected, +-10 points
+    listed = [int(re.match(r"train\.tsv:(\d+) ", line).group(1)) for line in c.lines]
+    assert len(listed) == 5 and sum(n in flipped for n in listed) >= 3, (c.lines, c.detail)
+    rows = c.table  # what --label-issues exports, likeliest first
+    assert len(rows) > 1000 and rows[0]["line"] == listed[0]
+    assert sum(r["line"] in flipped for r in rows[:200]) >= 100
+    for r in rows[:20]:
+        assert r["given"] != r["suggested"] and 0.5 <= r["confidence"] <= 1
+    split = found["split_consistency"]
+    assert split.status == "warn" and "far above" in split.detail, split.line()
+    # the clean corpus: neither check warns
+    clean = report(_written_raw(full_corpus, tmp_path / "clean", lambda split, df: None), only=LABEL_CHECKS)  # fmt: skip
+    assert clean["label_issues"].status == "ok", clean["label_issues"].line()
+    assert clean["split_consistency"].status == "ok", clean["split_consistency"].line()
+
+
+def test_doctor_exports_the_label_issues(real_subset, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from xdpx.cli import app
+
+    _, prepared = real_subset
+    monkeypatch.chdir(tmp_path)
+    Path("params.yaml").write_text(f"train:\n  data_dir: {prepared}\n  threads: 1\n")
+    out = tmp_path / "issues.tsv"
+    result = CliRunner().invoke(app, ["doctor", "--fast", "--label-issues", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"wrote {out}" in result.stdout
+    table = read_tsv(out)
+    assert list(table.columns) == ["file", "line", "given", "suggested", "confidence", "text"]
+    assert len(table) > 0 and (table["given"] != table["suggested"]).all()
+    raw = read_tsv(Path(real_subset[0]) / "train.tsv")
+    first = table.iloc[0]
+    assert first["file"] == "train.tsv"
+    row = raw.iloc[int(first["line"]) - 2]  # the raw file's line: the text and label it holds
+    assert row["label"] == first["given"] and row["text"].replace("\t", " ") == first["text"]

@@ -395,6 +395,7 @@ def doctor(
     json_out: bool = typer.Option(False, "--json", help="Also write the findings to --json-path."),
     json_path: str = typer.Option("reports/doctor.json", "--json-path", help="Where --json writes."),
     learning_seconds: float = typer.Option(None, "--learning-seconds", min=0.1, help="The learning check's training budget (s; default 8): it trains on the rows this affords, 300 to 1,000; a large value takes all the sample's training rows (up to 1,000), so busy and idle machines judge on the same rows."),
+    label_issues: str = typer.Option(None, "--label-issues", help="Write every train row the label check flags as probably mislabelled to this TSV (file, line, given, suggested, confidence, text), likeliest first."),
 ) -> None:  # fmt: skip
     """Run the training-debugging checklists on your config, data and model before a long run.
 
@@ -403,7 +404,8 @@ def doctor(
     max_len. Then, on the configured model as `xdpx train` builds it: the first batch
     decoded next to the raw lines; logits vs the target map (num_labels); NaN/Inf and
     out-of-range ids/labels; labels related to texts (alignment); the learning rate vs
-    the model family's usual range; the loss at init vs ln(num_labels); padding
+    the model family's usual range; rows that are probably mislabelled (confident
+    learning, cleanlab) and tokens that give a label away (leaks); the loss at init vs ln(num_labels); padding
     invariance; gradient flow; data order (shuffling, epochs, DDP ranks); loss reduction
     under update_freq; overfitting one batch. Each finding is OK, WARN, FAIL or SKIP with
     the cause and what to change. About a minute on 2 CPU cores; exit status 1 on a FAIL.
@@ -417,6 +419,8 @@ def doctor(
     `xdpx doctor train.model=textcnn train.learning_rate=0.1`
 
     `xdpx doctor --learning-seconds 60` (the learning check on all its rows, up to 1,000)
+
+    `xdpx doctor --fast --label-issues reports/label_issues.tsv` (the rows to relabel)
     """
     import time
 
@@ -448,6 +452,10 @@ def doctor(
         if json_out:
             write_report(checks, json_path, params, args)
             typer.echo(f"wrote {json_path}")
+        if label_issues is not None:
+            from xdpx.doctor.report import write_label_issues
+
+            typer.echo(write_label_issues(checks, label_issues))
     raise typer.Exit(1 if counts["fail"] else 0)
 
 

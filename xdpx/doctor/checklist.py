@@ -44,6 +44,7 @@ from xdpx.doctor.data_checks import (
 )
 from xdpx.doctor.fitting import check_learning, check_overfit_batch
 from xdpx.doctor.gradients import check_data_order, check_grad_flow, check_padding, check_reduction
+from xdpx.doctor.label_checks import check_label_issues, check_shortcuts
 from xdpx.doctor.optimization import (
     LR_RANGES,
     check_initial_loss,
@@ -70,6 +71,8 @@ FAST = (
     "inputs",
     "alignment",
     "split_consistency",
+    "label_issues",
+    "shortcuts",
     "learning_rate",
     "schedule",
     "initial_loss",
@@ -87,6 +90,8 @@ CHECKS: list[tuple[str, Callable[[Probe], Check]]] = [
     ("inputs", check_inputs),
     ("alignment", check_alignment),
     ("split_consistency", check_split_consistency),
+    ("label_issues", check_label_issues),
+    ("shortcuts", check_shortcuts),
     ("learning_rate", check_learning_rate),
     ("schedule", check_schedule),
     ("initial_loss", check_initial_loss),

@@ -37,6 +37,8 @@ class Check:
         detail: one line: what was measured, the cause and what to change.
         lines: extra lines printed under it (the decoded batch).
         seconds: wall time of the check.
+        table: rows behind the finding for export, not printed nor in the JSON report
+            (the label check's flagged rows: ``xdpx doctor --label-issues FILE``).
     """
 
     status: str
@@ -44,14 +46,17 @@ class Check:
     detail: str
     lines: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    table: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
     def line(self) -> str:
         """``OK    name: detail`` style, aligned."""
         return f"{self.status.upper():5} {self.name}: {self.detail}"
 
     def to_json(self) -> dict[str, Any]:
-        """The check as a JSON object (``reports/doctor.json``)."""
-        return asdict(self)
+        """The check as a JSON object (``reports/doctor.json``), without :attr:`table`."""
+        out = asdict(self)
+        out.pop("table")
+        return out
 
 
 # ---------------------------------------------------------------------------- the probe

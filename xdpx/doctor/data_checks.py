@@ -5,6 +5,7 @@ bag-of-tokens classifier) and meaning the same in every split."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -232,6 +233,54 @@ def bag_classifier() -> Any:
     return LinearSVC(C=0.5)
 
 
+def predicted_classes(scores: np.ndarray, classes: np.ndarray) -> np.ndarray:
+    """The labels ``LinearSVC.predict`` gives for its ``decision_function`` values
+    ``scores`` (``[n]`` for two classes, positive = ``classes[1]``; else ``[n, C]``, the
+    argmax), ``classes`` the fitted classes in order."""
+    if scores.ndim == 1:
+        return classes[(scores > 0).astype(int)]
+    return classes[scores.argmax(1)]
+
+
+def fitted_bag(p: Probe) -> Any:
+    """:func:`bag_classifier` fit on :func:`check_alignment`'s train sample, once per probe
+    (``p.shared["bag"]["clf"]``), for the checks that score the other splits."""
+    bag = p.shared["bag"]
+    if "clf" not in bag:
+        bag["clf"] = bag_classifier().fit(bag["x"], bag["y"])
+    return bag["clf"]
+
+
+@dataclass
+class SplitSample:
+    """The first labelled rows of a split as the bag-of-tokens classifiers see them.
+
+    Attributes:
+        samples: token ids per row (tuples for pairs).
+        labels: ``[n]`` label ids.
+        x: ``[n, features]`` sparse TF-IDF rows (:func:`bag_features`), None when empty.
+        scores: ``[n]`` or ``[n, C]`` decision values of :func:`fitted_bag` (fit on all of
+            train's sample).
+    """
+
+    samples: list[Any]
+    labels: np.ndarray
+    x: Any
+    scores: np.ndarray
+
+
+def split_sample(p: Probe, split: str, max_rows: int = ALIGN_MAX_ROWS) -> SplitSample:
+    """The first ``max_rows`` labelled rows of ``split`` (:class:`SplitSample`), cached in
+    ``p.shared`` (split consistency and the label checks read the same rows)."""
+    cache = p.shared.setdefault("split_samples", {})
+    if split not in cache:
+        samples, y = _split_head(p.cfg.data_dir, split, max_rows)
+        x = bag_features(p.shared["bag"]["vec"], samples) if len(y) else None
+        scores = fitted_bag(p).decision_function(x) if len(y) else np.zeros(0)
+        cache[split] = SplitSample(samples, y, x, scores)
+    return cache[split]
+
+
 def check_alignment(p: Probe, max_rows: int = ALIGN_MAX_ROWS) -> Check:
     """Are the labels related to the texts at all? A bag-of-tokens linear classifier
     (TF-IDF 1-2-grams of the token ids, the :data:`ALIGN_MAX_FEATURES` most frequent, and
@@ -244,7 +293,7 @@ def check_alignment(p: Probe, max_rows: int = ALIGN_MAX_ROWS) -> Check:
     (:func:`xdpx.doctor.fitting.check_learning`)."""
     from scipy.stats import binomtest
     from sklearn.feature_extraction.text import TfidfVectorizer
-    from sklearn.model_selection import StratifiedKFold, cross_val_predict
+    from sklearn.model_selection import StratifiedKFold
 
     n = len(p.data)
     p.data.set_epoch(1)
@@ -258,12 +307,23 @@ def check_alignment(p: Probe, max_rows: int = ALIGN_MAX_ROWS) -> Check:
     vec = TfidfVectorizer(token_pattern=r"\S+", ngram_range=(1, 2), sublinear_tf=True, min_df=2, max_features=ALIGN_MAX_FEATURES)  # fmt: skip
     x = bag_features(vec, p.data.samples(ids), fit=True)
     folds = StratifiedKFold(n_splits=3, shuffle=True, random_state=0)
-    pred = cross_val_predict(bag_classifier(), x, y, cv=folds)
+    # decision values, not labels, and the fold models: the label check
+    # (xdpx.doctor.label_checks) turns these out-of-fold scores into the probabilities
+    # confident learning needs, and scores the other splits with the same fold models (as
+    # strong as the ones that scored train), at no extra fit
+    fold_models, scores = [], None
+    for fit_rows, held in folds.split(x, y):
+        m = bag_classifier().fit(x[fit_rows], y[fit_rows])
+        d = m.decision_function(x[held])
+        scores = np.zeros((len(y), *d.shape[1:])) if scores is None else scores
+        scores[held] = d
+        fold_models.append(m)
+    pred = predicted_classes(scores, np.unique(y))
     correct = int((pred == y).sum())
     majority = float(np.bincount(y).max() / len(y))
     acc = correct / len(y)
     pvalue = binomtest(correct, len(y), majority, alternative="greater").pvalue
-    p.shared["bag"] = {"vec": vec, "x": x, "y": y, "ids": ids, "accuracy": acc, "majority": majority, "pvalue": pvalue}  # fmt: skip
+    p.shared["bag"] = {"vec": vec, "x": x, "y": y, "ids": ids, "scores": scores, "fold_models": fold_models, "accuracy": acc, "majority": majority, "pvalue": pvalue}  # fmt: skip
     what = f"a bag-of-tokens classifier scores {acc:.3f} on held-out folds of {len(y)} training samples vs {majority:.3f} for the majority class (p={pvalue:.2g})"  # fmt: skip
     fix = "labels look unrelated to the texts: check that the label column is aligned with the text column (labels shuffled or sorted apart from the texts, the wrong prepro.label_column/text_column, a header mix-up)"  # fmt: skip
     if pvalue >= 0.05:
@@ -313,14 +373,15 @@ def check_split_consistency(p: Probe, max_rows: int = ALIGN_MAX_ROWS) -> Check:
     others = [s for s, m in p.meta.splits.items() if s != p.cfg.train_subset and m.has_labels and m.rows]  # fmt: skip
     if not others:
         return Check("skip", "split_consistency", "no labelled split besides train")
-    clf = bag_classifier().fit(bag["x"], bag["y"])
+    clf = fitted_bag(p)
     a_train, m_train = bag["accuracy"], bag["majority"]
-    scored, bad = [], []
+    scored, bad, above = [], [], []
     for split in others:
-        samples, y = _split_head(p.cfg.data_dir, split, max_rows)
+        sample = split_sample(p, split, max_rows)
+        y = sample.labels
         if not len(y):
             continue
-        acc = float((clf.predict(bag_features(bag["vec"], samples)) == y).mean())
+        acc = float((predicted_classes(sample.scores, clf.classes_) == y).mean())
         majority = float(np.bincount(y).max() / len(y))
         scored.append(f"{split} {acc:.3f} (majority {majority:.3f}, {len(y)} rows)")
         below = binomtest(round(acc * len(y)), len(y), majority, alternative="less").pvalue
@@ -329,9 +390,22 @@ def check_split_consistency(p: Probe, max_rows: int = ALIGN_MAX_ROWS) -> Check:
             bad.append(f"{split} scores {acc:.3f}, below its majority-class rate {majority:.3f} (p={below:.2g})")  # fmt: skip
         elif acc < a_train - max(0.5 * (a_train - m_train), 3 * se):
             bad.append(f"{split} scores {acc:.3f}, far below {a_train:.3f} on held-out train folds (majority {m_train:.3f})")  # fmt: skip
+        elif acc > a_train + max(0.5 * (a_train - m_train), 3 * se):
+            above.append((split, acc))
     what = f"a classifier fit on train scores {', '.join(scored)} vs {a_train:.3f} on held-out train folds"  # fmt: skip
     if bad:
         return Check("fail", "split_consistency", f"{'; '.join(bad)}: the labels of {' and '.join(b.split()[0] for b in bad)} do not mean what train's mean (inverted or permuted labels, another source's label scheme, the wrong label column in that file); early stopping would pick by a meaningless score")  # fmt: skip
+    if above:
+        # far above train's own folds: train's labels noisier than the split's (a bad merge
+        # of label sources), or a split easier than train; the label-noise estimate decides
+        from xdpx.doctor.label_checks import noise_estimates
+
+        noise = noise_estimates(p)
+        named = [(s, a) for s, a in above if s in noise and noise["train"].share > 2 * noise[s].share]  # fmt: skip
+        if named:
+            said = "; ".join(f"{s} scores {a:.3f}, far above {a_train:.3f} on held-out train folds (majority {m_train:.3f}), and train's labels look {noise['train'].share / max(noise[s].share, 1e-9):.1f}x as noisy as {s}'s (estimated {noise['train'].share:.1%} vs {noise[s].share:.1%} mislabelled)" for s, a in named)  # fmt: skip
+            return Check("warn", "split_consistency", f"{said}: noisy train labels (a bad merge of label sources, a weak labeller) cap what any model learns from train; label_issues lists the likely mislabelled rows (xdpx doctor --label-issues FILE exports them)")  # fmt: skip
+        what += "; " + ", ".join(f"{s} above the folds" for s, _ in above) + " (train's labels not noisier than theirs: an easier split)"  # fmt: skip
     across = (p.meta.conflicts or {}).get("across_train") or {}
     if any(across.values()):
         shown = "; ".join((p.meta.conflicts or {}).get("examples", [])[:3])

@@ -215,3 +215,37 @@ def write_report(checks: list[Check], path: str, params_file: str, overrides: li
         "checks": [c.to_json() for c in checks],
     }
     io.write_text(path, json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+
+
+#: Columns of ``xdpx doctor --label-issues FILE``.
+LABEL_ISSUE_COLUMNS = ("file", "line", "given", "suggested", "confidence", "text")
+
+
+def write_label_issues(checks: list[Check], path: str) -> str:
+    """Write the label check's flagged train rows (``Check.table`` of ``label_issues``,
+    :func:`xdpx.doctor.label_checks.label_issue_rows`) to ``path`` as a TSV with
+    :data:`LABEL_ISSUE_COLUMNS` and a header, likeliest mislabelled first, atomically (a
+    pair's two texts are two columns, ``text`` and ``text2``). Tabs and newlines inside a
+    text become spaces.
+
+    Returns:
+        One line saying what was written, or why nothing was (the check did not run).
+    """
+    found = next((c for c in checks if c.name == "label_issues"), None)
+    if found is None or found.status == "skip":
+        why = found.detail if found is not None else "the label check did not run (no prepared data, or a FAIL before it)"  # fmt: skip
+        return f"--label-issues: nothing written: {why}"
+    rows = found.table
+    pair = any(r["text"] and "\t" in r["text"] for r in rows)
+    header = [*LABEL_ISSUE_COLUMNS, "text2"] if pair else list(LABEL_ISSUE_COLUMNS)
+
+    def cell(v: object) -> str:
+        return "" if v is None else str(v).replace("\t", " ").replace("\n", " ").replace("\r", " ")  # fmt: skip
+
+    lines = ["\t".join(header)]
+    for r in rows:
+        texts = (r["text"] or "").split("\t", 1) if pair else [r["text"]]
+        texts += [""] * (2 - len(texts)) if pair else []
+        lines.append("\t".join([cell(r[k]) for k in LABEL_ISSUE_COLUMNS[:-1]] + [cell(t) for t in texts]))  # fmt: skip
+    io.write_text(path, "\n".join(lines) + "\n")
+    return f"wrote {path}: {len(rows)} rows flagged as probably mislabelled (likeliest first)"
