@@ -90,6 +90,55 @@ def trained(root: Path, prepared: Path, raw_test: Path, **train_kw) -> dict:
     return {"run": run, "predictions": read_tsv(out)}
 
 
+def triton_round_trip(server: Server, name: str, columns: list[list[str]], labels: list[str], probs: list) -> None:  # fmt: skip
+    """Drive ``server`` with ``tritonclient.http`` (Triton's Python client) as a user would:
+    liveness, readiness, metadata, config, and ``infer`` with the client's defaults
+    (``set_data_from_numpy`` sends BYTES as binary tensor data; no requested outputs: every
+    output comes back binary), then JSON both ways and requested outputs; the answers must
+    be ``labels`` and ``probs`` (what ``/predict`` gave). A bad request raises
+    ``InferenceServerException`` carrying the server's message."""
+    import tritonclient.http as triton
+    from tritonclient.utils import InferenceServerException
+
+    client = triton.InferenceServerClient(f"127.0.0.1:{server.port}", connection_timeout=10, network_timeout=30)  # fmt: skip
+    try:
+        assert client.is_server_live() and client.is_server_ready() and client.is_model_ready(name)
+        assert "binary_tensor_data" in client.get_server_metadata()["extensions"]
+        meta = client.get_model_metadata(name)
+        assert [t["name"] for t in meta["inputs"]] == ["text", "text2"][: len(columns)]
+        assert client.get_model_config(name)["output"][1]["dims"] == [len(probs[0])]
+
+        def inputs(binary: bool = True) -> list:
+            out = []
+            for n, col in zip(["text", "text2"], columns, strict=False):
+                t = triton.InferInput(n, [len(col)], "BYTES")
+                t.set_data_from_numpy(np.array(col, dtype=object), binary_data=binary)
+                out.append(t)
+            return out
+
+        result = client.infer(name, inputs())  # the defaults: binary in, binary out
+        assert [b.decode() for b in result.as_numpy("label")] == labels
+        assert result.as_numpy("probabilities").dtype == np.float32
+        np.testing.assert_allclose(result.as_numpy("probabilities"), probs, atol=1e-6)
+        want = [triton.InferRequestedOutput("probabilities", binary_data=False)]
+        as_json = client.infer(name, inputs(binary=False), outputs=want, request_id="r7")
+        assert as_json.get_response()["id"] == "r7" and as_json.as_numpy("label") is None
+        np.testing.assert_allclose(as_json.as_numpy("probabilities"), probs, atol=1e-6)
+        nul = inputs()
+        nul[0].set_data_from_numpy(np.array(["ok", "a\x00b"] + columns[0][2:], dtype=object))
+        with pytest.raises(InferenceServerException, match=r"inputs\[text\]\[1\]: NUL \(U\+0000\)") as e:  # fmt: skip
+            client.infer(name, nul)
+        assert e.value.status() == "422"
+        with pytest.raises(InferenceServerException, match="no model 'other'"):
+            client.infer("other", inputs())
+        wrong = triton.InferInput("text", [1], "FP32")
+        wrong.set_data_from_numpy(np.zeros(1, np.float32))
+        with pytest.raises(InferenceServerException, match=r"inputs\[text\]\.datatype: BYTES expected"):  # fmt: skip
+            client.infer(name, [wrong, *inputs()[1:]])
+    finally:
+        client.close()
+
+
 @pytest.fixture(scope="module")
 def single(real_subset, tmp_path_factory) -> dict:
     raw, prepared = real_subset
@@ -149,6 +198,17 @@ def test_single_text_predictions_equal_stages_predict_and_v2_round_trip(single):
         np.testing.assert_allclose(np.reshape(out["probabilities"]["data"], (5, 2)), probs[:5], atol=1e-6)  # fmt: skip
         assert httpx.get(f"{server.url}/v2/health/live", timeout=5).json() == {"live": True}
         assert server.post("/v2/models/other/infer", json=body).status_code == 404
+        # prepro's rules: a NUL is refused naming the text's index, on both APIs (as prepro
+        # refuses the line); other control characters are stripped as prepro strips them
+        nul = server.post("/predict", json={"texts": [texts[0], "ab\x00c"]})
+        assert nul.status_code == 422 and nul.json()["detail"].startswith("texts[1]: NUL (U+0000) at character 3"), nul.text  # fmt: skip
+        body["inputs"][0]["data"] = [texts[0], "ab\x00c", texts[2], texts[3], texts[4]]
+        v2_nul = server.post("/v2/models/run/infer", json=body)
+        assert v2_nul.status_code == 422 and v2_nul.json()["error"].startswith("inputs[text][1]: NUL")  # fmt: skip
+        esc = server.post("/predict", json={"texts": [texts[1][:3] + "\x1b" + texts[1][3:]]})
+        assert esc.json()["probabilities"][0] == probs[1]
+        # Triton's own client, with its defaults (binary tensor data for BYTES in and out)
+        triton_round_trip(server, "run", [texts[:23]], labels[:23], probs[:23])
     finally:
         assert server.stop() in (
             0,
@@ -172,6 +232,9 @@ def test_pair_predictions_equal_stages_predict(pairs):
         ]}  # fmt: skip
         out = server.post("/v2/models/run/infer", json=v2).json()["outputs"]
         assert out[0]["data"] == pred["pred_label"][:2].tolist()
+        columns = [pred["text1"][:17].tolist(), pred["text2"][:17].tolist()]
+        want = r.json()
+        triton_round_trip(server, "run", columns, want["labels"][:17], want["probabilities"][:17])
         single = server.post("/predict", json={"texts": ["a"]})
         assert single.status_code == 422 and "pair model" in single.text
     finally:
@@ -406,7 +469,7 @@ def test_hot_endpoints_answer_like_fastapi_and_survive_a_failing_model_call():
     from xdpx.serving.server import ServeConfig, create_app
 
     class Stub:  # the parts of ServedModel the app uses; a text "boom" breaks the model call
-        name, labels, pair, backend = "stub", ["neg", "pos"], False, "onnx"
+        name, labels, pair, backend, control_chars = "stub", ["neg", "pos"], False, "onnx", "strip_warn"  # fmt: skip
 
         def encode(self, texts, texts2=None):
             return [np.array([len(t) if t != "boom" else -1]) for t in texts]
@@ -430,7 +493,7 @@ def test_hot_endpoints_answer_like_fastapi_and_survive_a_failing_model_call():
         v2 = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a"]}]}
         assert client.post("/v2/models/stub/infer", json=v2).json()["outputs"][0]["data"] == ["pos"]  # fmt: skip
         missing = client.post("/v2/models/other/infer", json=v2)
-        assert missing.status_code == 404 and "no model 'other'" in missing.json()["detail"]
+        assert missing.status_code == 404 and "no model 'other'" in missing.json()["error"]  # V2's body
         metrics = client.get("/metrics").text
     for labels, count in [
         ('endpoint="/predict",status="200"', 2),

@@ -26,7 +26,15 @@ from typing import Any
 from xdpx import io
 from xdpx.config import PreproConfig
 
-__all__ = ["DataError", "ReadResult", "read_examples", "iter_examples", "MAX_BAD_LINES"]
+__all__ = [
+    "DataError",
+    "ReadResult",
+    "TextError",
+    "clean_text",
+    "read_examples",
+    "iter_examples",
+    "MAX_BAD_LINES",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +89,47 @@ class ReadResult:
 
     def __len__(self) -> int:
         return len(self.texts)
+
+
+class TextError(ValueError):
+    """A text that ``prepro.control_chars`` refuses (the message names the character and
+    its position), or nothing left once its control characters are removed."""
+
+
+def clean_text(text: str, mode: str = "strip_warn", where: str = "the text") -> tuple[str, str]:
+    """``text`` as prepro keeps it under ``prepro.control_chars = mode``, and what was
+    removed (the first control character, its position and ``where``: ``"U+0012 at
+    character 9 (column 'text')"``; ``""``: nothing). The server applies the same rule to
+    every request's texts, so what trains and what serves see the same text.
+
+    ``strip_warn``: control characters (:data:`CONTROL_CHARS`) removed, but a NUL (the sign
+    of a binary or UTF-16 file) refused; ``strip``: every one removed, NUL included;
+    ``error``: any of them refused.
+
+    Raises:
+        TextError: a refused control character (named with its code point and 1-based
+            position), or an empty text once they are removed.
+    """
+    found = CONTROL_CHARS.search(text)
+    if found is None:
+        return text, ""
+    nul = text.find("\x00") if mode == "strip_warn" else -1
+    if mode == "error" or nul >= 0:
+        at = found.start() if nul < 0 else nul
+        code = ord(text[at])
+        name = _CONTROL_NAMES.get(code, "control character")
+        fix = (
+            "remove it, or set prepro.control_chars=strip_warn (strip it and warn) or strip"
+            if nul < 0
+            else "a NUL is the sign of a binary or UTF-16 file (re-save it as UTF-8); "
+            "prepro.control_chars=strip removes NULs too"
+        )
+        raise TextError(f"{name} (U+{code:04X}) at character {at + 1} of the text ({where}); " + fix)  # fmt: skip
+    cleaned = CONTROL_CHARS.sub("", text).strip()
+    if not cleaned:
+        raise TextError(f"empty text after removing control characters ({where})")
+    code = ord(found.group())
+    return cleaned, f"U+{code:04X} at character {found.start() + 1} ({where})"
 
 
 class _LineError(Exception):
@@ -192,38 +241,12 @@ class _Collector:
         r.line_numbers.append(line)
 
     def _clean(self, text: str, column: str | None) -> tuple[str, str]:
-        """``text`` without its control characters, and what was removed (the first one, its
-        position and column, ``"U+0012 at character 9 (column 'text')"``; ``""``: none).
-
-        Raises:
-            _LineError: ``control_chars: error`` and a control character, or
-                ``strip_warn`` and a NUL (named with its position); an empty text once
-                they are removed.
-        """
-        found = CONTROL_CHARS.search(text)
-        if found is None:
-            return text, ""
-        mode = self.cfg.control_chars
-        nul = text.find("\x00") if mode == "strip_warn" else -1
-        if mode == "error" or nul >= 0:
-            at = found.start() if nul < 0 else nul
-            code = ord(text[at])
-            name = _CONTROL_NAMES.get(code, "control character")
-            fix = (
-                "remove it, or set prepro.control_chars=strip_warn (strip it and warn) or strip"
-                if nul < 0
-                else "a NUL is the sign of a binary or UTF-16 file (re-save it as UTF-8); "
-                "prepro.control_chars=strip removes NULs too"
-            )
-            raise _LineError(
-                f"{name} (U+{code:04X}) at character {at + 1} of the text (column {column!r}); "
-                + fix
-            )
-        cleaned = CONTROL_CHARS.sub("", text).strip()
-        if not cleaned:
-            raise _LineError(f"empty text after removing control characters (column {column!r})")
-        code = ord(found.group())
-        return cleaned, f"U+{code:04X} at character {found.start() + 1} (column {column!r})"
+        """:func:`clean_text` under this reader's ``control_chars``; a refused text is a bad
+        line (``_LineError``)."""
+        try:
+            return clean_text(text, self.cfg.control_chars, f"column {column!r}")
+        except TextError as e:
+            raise _LineError(str(e)) from None
 
     @staticmethod
     def _text(value: Any, column: str | None, what: str) -> str:

@@ -53,17 +53,29 @@ from typing import Any
 import numpy as np
 import orjson
 from fastapi import FastAPI, HTTPException, Request
+from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Route
 
 from xdpx import io
 from xdpx.config import HF_MODELS
 from xdpx.data import Encoder
+from xdpx.data.readers import CONTROL_CHARS, TextError, clean_text
 from xdpx.data.shards import sample_lengths
 from xdpx.inference import Sample, as_samples, call_model, pad_batch, probs_from_logits
 from xdpx.serving.export import ort_logits, ort_session
 from xdpx.serving.repl import refuse_regression
+from xdpx.serving.v2 import (
+    HEADER_LENGTH,
+    V2Request,
+    V2Tensor,
+    error_response,
+    infer_response,
+    parse_infer,
+)
 
 log = logging.getLogger("xdpx.serving.server")
 
@@ -75,6 +87,8 @@ __all__ = [
     "create_app",
     "length_chunks",
     "serve_http",
+    "V2Request",
+    "V2Tensor",
 ]
 
 
@@ -181,6 +195,10 @@ class ServedModel:
         self.pad_id = self.encoder.pad_id
         self.labels: list[str] = list(self.encoder.labels)
         self.pair = self.encoder.pair
+        meta = self.encoder.meta
+        #: ``prepro.control_chars`` of the run's data: requests are cleaned as prepro cleaned
+        #: its lines (:func:`xdpx.data.readers.clean_text`)
+        self.control_chars: str = str((meta.prepro.get("control_chars") if meta is not None else None) or "strip_warn")  # fmt: skip
         log.info("serving %s (%s, %s) from %s", self.name, self.backend, "pairs" if self.pair else "texts", self.source)  # fmt: skip
 
     def encode(self, texts: Sequence[str], texts2: Sequence[str] | None = None) -> list[Sample]:
@@ -414,25 +432,6 @@ class PredictRequest(BaseModel):
     pairs: list[tuple[str, str]] | None = Field(None, min_length=1)
 
 
-class V2Tensor(BaseModel):
-    """A tensor of the Open Inference Protocol (KServe V2) request."""
-
-    name: str
-    shape: list[int]
-    datatype: str
-    data: list[Any]
-    parameters: dict[str, Any] | None = None
-
-
-class V2Request(BaseModel):
-    """``POST /v2/models/{name}/infer``."""
-
-    id: str | None = None
-    inputs: list[V2Tensor] = Field(min_length=1)
-    outputs: list[dict[str, Any]] | None = None
-    parameters: dict[str, Any] | None = None
-
-
 def create_app(model: ServedModel, config: ServeConfig | None = None) -> Any:
     """The ASGI application serving ``model`` (see the module docstring).
 
@@ -475,10 +474,25 @@ def create_app(model: ServedModel, config: ServeConfig | None = None) -> Any:
 
     app = FastAPI(title=f"xdpx: {model.name}", lifespan=lifespan)
 
-    async def answer(texts: list[str], texts2: list[str] | None, where: str) -> np.ndarray:
+    def cleaned(texts: list[str], where: str) -> list[str]:
+        """``texts`` as prepro keeps a line's text (``prepro.control_chars``); 422 naming
+        the index for an empty text or a refused control character (a NUL by default)."""
+        out = texts
         for k, t in enumerate(texts):
             if not t.strip():
                 raise HTTPException(422, f"{where}[{k}]: empty text")
+            if CONTROL_CHARS.search(t) is not None:
+                try:
+                    text, _ = clean_text(t, model.control_chars, f"{where}[{k}]")
+                except TextError as e:
+                    raise HTTPException(422, f"{where}[{k}]: {e}") from None
+                out = list(texts) if out is texts else out
+                out[k] = text
+        return out
+
+    async def answer(texts: list[str], texts2: list[str] | None, where: str) -> np.ndarray:
+        if texts2 is None:
+            texts = cleaned(texts, where)
         if len(texts) > cfg.max_queue:
             raise HTTPException(413, f"{len(texts)} texts in one request; at most {cfg.max_queue} (max_queue)")  # fmt: skip
         samples = model.encode(texts, texts2)
@@ -512,11 +526,11 @@ def create_app(model: ServedModel, config: ServeConfig | None = None) -> Any:
             }
         )
 
-    async def _pairs(texts: list[str], texts2: list[str]) -> np.ndarray:
+    async def _pairs(texts: list[str], texts2: list[str], where: str = "pairs") -> np.ndarray:
         for k, (a, b) in enumerate(zip(texts, texts2, strict=True)):
             if not a.strip() or not b.strip():
-                raise HTTPException(422, f"pairs[{k}]: empty text")
-        return await answer(texts, texts2, "pairs")
+                raise HTTPException(422, f"{where}[{k}]: empty text")
+        return await answer(cleaned(texts, where), cleaned(texts2, where), where)
 
     # ---------------------------------------------------------------- Open Inference Protocol
     def metadata() -> dict[str, Any]:
@@ -535,9 +549,29 @@ def create_app(model: ServedModel, config: ServeConfig | None = None) -> Any:
             "parameters": {"label_names": model.labels, "backend": model.backend},
         }
 
-    def known(name: str) -> None:
+    def known(name: str, version: str | None = None) -> None:
         if name != model.name:
             raise HTTPException(404, f"no model {name!r}; this server has {model.name!r}")
+        if version is not None and version != "1":
+            raise HTTPException(404, f"no version {version!r} of {name!r}; it has version '1'")
+
+    def model_config() -> dict[str, Any]:
+        """Triton's model configuration (``GET /v2/models/{name}/config``, its
+        model-configuration extension): what ``tritonclient``'s ``get_model_config`` reads."""
+        inputs = [{"name": "text", "data_type": "TYPE_STRING", "dims": [1]}]
+        if model.pair:
+            inputs.append({"name": "text2", "data_type": "TYPE_STRING", "dims": [1]})
+        return {
+            "name": model.name,
+            "platform": metadata()["platform"],
+            "max_batch_size": cfg.max_batch_size,
+            "input": inputs,
+            "output": [
+                {"name": "label", "data_type": "TYPE_STRING", "dims": [1]},
+                {"name": "probabilities", "data_type": "TYPE_FP32", "dims": [len(model.labels)]},
+            ],
+            "dynamic_batching": {"max_queue_delay_microseconds": int(cfg.max_wait_ms * 1000)},
+        }
 
     @app.get("/v2/health/live")
     async def live() -> dict[str, bool]:
@@ -551,53 +585,39 @@ def create_app(model: ServedModel, config: ServeConfig | None = None) -> Any:
 
     @app.get("/v2")
     async def server_metadata() -> dict[str, Any]:
-        return {"name": "xdpx", "version": "1", "extensions": []}
+        return {"name": "xdpx", "version": "1", "extensions": ["binary_tensor_data", "model_configuration"]}  # fmt: skip
 
     @app.get("/v2/models/{name}")
-    async def model_metadata(name: str) -> dict[str, Any]:
-        known(name)
+    @app.get("/v2/models/{name}/versions/{version}")
+    async def model_metadata(name: str, version: str | None = None) -> dict[str, Any]:
+        known(name, version)
         return metadata()
 
     @app.get("/v2/models/{name}/ready")
-    async def model_ready(name: str) -> Any:
-        known(name)
+    @app.get("/v2/models/{name}/versions/{version}/ready")
+    async def model_ready(name: str, version: str | None = None) -> Any:
+        known(name, version)
         return await ready()
 
-    async def infer(raw: bytes, name: str) -> Response:
-        known(name)
-        body = _parse(raw, V2Request)
-        by_name = {t.name: t for t in body.inputs}
+    @app.get("/v2/models/{name}/config")
+    @app.get("/v2/models/{name}/versions/{version}/config")
+    async def config_route(name: str, version: str | None = None) -> dict[str, Any]:
+        known(name, version)
+        return model_config()
+
+    async def infer(raw: bytes, name: str, header_length: str | None = None, version: str | None = None) -> Response:  # fmt: skip
+        """``POST /v2/models/{name}[/versions/{version}]/infer``: JSON or binary tensor
+        data in and out (:mod:`xdpx.serving.v2`); ``header_length``: the request's
+        ``Inference-Header-Content-Length``."""
+        known(name, version)
         wanted = ["text", "text2"] if model.pair else ["text"]
-        for n in wanted:
-            if n not in by_name:
-                raise HTTPException(422, f"inputs: no tensor named {n!r} (this model takes {wanted})")  # fmt: skip
-        columns = []
-        for n in wanted:
-            t = by_name[n]
-            if t.datatype != "BYTES":
-                raise HTTPException(422, f"inputs[{n}].datatype: BYTES expected, got {t.datatype}")  # fmt: skip
-            if math.prod(t.shape) != len(t.data) or not all(isinstance(x, str) for x in t.data):
-                raise HTTPException(422, f"inputs[{n}]: data must be {math.prod(t.shape)} strings (shape {t.shape})")  # fmt: skip
-            columns.append(list(t.data))
+        body, columns = parse_infer(raw, header_length, wanted)
         if model.pair:
-            if len(columns[0]) != len(columns[1]):
-                raise HTTPException(422, "inputs: text and text2 differ in length")
-            probs = await _pairs(columns[0], columns[1])
+            probs = await _pairs(columns[0], columns[1], "inputs[text]")
         else:
-            probs = await answer(columns[0], None, "inputs[text].data")
-        n = len(probs)
+            probs = await answer(columns[0], None, "inputs[text]")
         labels = [model.labels[int(i)] for i in probs.argmax(1)]
-        flat = probs.astype(np.float32).ravel().tolist()
-        outputs = [
-            {"name": "label", "datatype": "BYTES", "shape": [n], "data": labels},
-            {
-                "name": "probabilities",
-                "datatype": "FP32",
-                "shape": [n, len(model.labels)],
-                "data": flat,
-            },  # fmt: skip
-        ]
-        return _json({"model_name": model.name, "model_version": "1", "id": body.id or str(uuid.uuid4()), "outputs": outputs})  # fmt: skip
+        return infer_response(body, model.name, body.id or str(uuid.uuid4()), labels, probs)
 
     # The two hot endpoints are answered by _Front before FastAPI (see there); these routes
     # give other methods their 405 and serve the app on its own (e.g. a TestClient of it).
@@ -605,10 +625,26 @@ def create_app(model: ServedModel, config: ServeConfig | None = None) -> Any:
         return await predict(await request.body())
 
     async def infer_route(request: Request) -> Response:
-        return await infer(await request.body(), request.path_params["name"])
+        path = request.path_params
+        return await infer(await request.body(), path["name"], request.headers.get(HEADER_LENGTH), path.get("version"))  # fmt: skip
 
     app.router.routes.append(Route("/predict", predict_route, methods=["POST"]))
     app.router.routes.append(Route("/v2/models/{name}/infer", infer_route, methods=["POST"]))
+    app.router.routes.append(Route("/v2/models/{name}/versions/{version}/infer", infer_route, methods=["POST"]))  # fmt: skip
+
+    # the protocol's error body on every /v2/ route: {"error": "<message>"}
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if request.url.path.startswith("/v2"):
+            return error_response(exc.status_code, exc.detail, getattr(exc, "headers", None))
+        return await http_exception_handler(request, exc)
+
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        if request.url.path.startswith("/v2"):
+            return error_response(422, list(exc.errors()))
+        return await request_validation_exception_handler(request, exc)
+
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -670,9 +706,15 @@ class _Front:
         path = scope["path"]
         if path == "/predict":
             return "/predict", self.predict
-        parts = path.split("/")  # ['', 'v2', 'models', name, 'infer']
-        if len(parts) == 5 and parts[:3] == ["", "v2", "models"] and parts[3] and parts[4] == "infer":  # fmt: skip
-            return "/v2/models/{name}/infer", lambda raw: self.infer(raw, parts[3])
+        parts = path.split("/")  # ['', 'v2', 'models', name, ('versions', v,) 'infer']
+        if len(parts) in (5, 7) and parts[:3] == ["", "v2", "models"] and parts[3] and parts[-1] == "infer":  # fmt: skip
+            if len(parts) == 7 and (parts[4] != "versions" or not parts[5]):
+                return None
+            header = dict(scope.get("headers") or []).get(HEADER_LENGTH.lower().encode())
+            length = header.decode("latin-1") if header is not None else None
+            version = parts[5] if len(parts) == 7 else None
+            route = "/v2/models/{name}/versions/{version}/infer" if version else "/v2/models/{name}/infer"  # fmt: skip
+            return route, lambda raw: self.infer(raw, parts[3], length, version)
         return None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -706,11 +748,12 @@ class _Front:
             if hot is None:
                 await self.app(scope, counted_receive, send_status)
             else:
-                await _answer(hot[1], counted_receive, send_status)
+                await _answer(hot[1], counted_receive, send_status, v2=hot[0].startswith("/v2"))
         except _TooLarge:
             if not status["sent"]:
-                body = {"detail": f"request body over the limit of {limit} bytes (max_body_bytes)"}
-                await _json(body, 413)(scope, receive, send_status)
+                message = f"request body over the limit of {limit} bytes (max_body_bytes)"
+                too_large = error_response(413, message) if scope["path"].startswith("/v2") else _json({"detail": message}, 413)  # fmt: skip
+                await too_large(scope, receive, send_status)
         finally:  # an error escaping to Starlette's 500 handler is counted as a 500
             if hot is not None:
                 endpoint = hot[0]
@@ -721,9 +764,10 @@ class _Front:
             self.latency.labels(endpoint).observe(time.perf_counter() - start)
 
 
-async def _answer(handler: Callable[[bytes], Any], receive: Any, send: Any) -> None:
+async def _answer(handler: Callable[[bytes], Any], receive: Any, send: Any, v2: bool = False) -> None:  # fmt: skip
     """Read the request body, run ``handler`` on it and send its response; an
-    ``HTTPException`` is answered as FastAPI answers it, any other error with a logged 500.
+    ``HTTPException`` is answered as FastAPI answers it (``v2``: as the V2 protocol does,
+    ``{"error": ...}``), any other error with a logged 500.
 
     Raises:
         _TooLarge: from ``receive`` (the caller answers 413).
@@ -739,10 +783,10 @@ async def _answer(handler: Callable[[bytes], Any], receive: Any, send: Any) -> N
     try:
         response = await handler(b"".join(chunks))
     except HTTPException as e:
-        response = _json({"detail": e.detail}, e.status_code, e.headers)
+        response = error_response(e.status_code, e.detail, e.headers) if v2 else _json({"detail": e.detail}, e.status_code, e.headers)  # fmt: skip
     except Exception:  # noqa: BLE001 - the server lives; the error is in the log
         log.exception("request failed")
-        response = _json({"detail": "Internal Server Error"}, 500)
+        response = error_response(500, "Internal Server Error") if v2 else _json({"detail": "Internal Server Error"}, 500)  # fmt: skip
     start = {"type": "http.response.start", "status": response.status_code}
     await send({**start, "headers": response.raw_headers})
     await send({"type": "http.response.body", "body": response.body})
