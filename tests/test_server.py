@@ -521,3 +521,24 @@ def test_cli_serve_defaults_are_serveconfigs():
         if field.name in cli:
             assert cli[field.name] == field.default, field.name
     assert {"max_batch_size", "max_wait_ms", "inline_ms", "max_queue"} <= cli.keys()
+
+
+@pytest.mark.e2e
+def test_the_serving_runtime_answers_from_an_export_without_torch(single):
+    """The serving runtime and the HTTP app on an export directory import neither torch nor
+    xdpx.models (what `pip install 'xdpx[serve]'` relies on), and answer as /predict does."""
+    code = f"""
+import sys
+from starlette.testclient import TestClient
+from xdpx.serving.server import ServeConfig, ServedModel, create_app
+model = ServedModel({str(single["run"] / "export")!r}, "onnx")
+with TestClient(create_app(model, ServeConfig())) as client:
+    r = client.post("/predict", json={{"texts": ["质量很好", "太差了"]}})
+    assert r.status_code == 200, r.text
+    print(r.json()["labels"])
+loaded = sorted(m for m in sys.modules if m.split(".")[0] == "torch" or m.startswith("xdpx.models"))
+assert not loaded, loaded
+"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert re.fullmatch(r"\['(neg|pos)', '(neg|pos)'\]\n", out.stdout), out.stdout

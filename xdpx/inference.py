@@ -1,4 +1,6 @@
-"""Batching and batched inference shared by the trainer, evaluate, predict, export and serve.
+"""Batched inference in torch, shared by the trainer, evaluate, predict, export and the
+eager serving backend (the numpy half, samples, padding, length bucketing and softmax, is
+:mod:`xdpx.batching`, re-exported here).
 
 One code path computes validation scores during training and in ``evaluate``,
 so the dev score evaluate reports equals the best one logged in training.
@@ -18,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from xdpx.batching import Sample, as_samples, format_probs, pad_ids, probs_from_logits
 from xdpx.data.shards import sample_lengths
 
 __all__ = [
@@ -34,43 +37,8 @@ __all__ = [
     "format_probs",
 ]
 
-#: One model input: ids of one text, or ``(input_ids, input_ids2)`` of a pair.
-Sample = np.ndarray | tuple[np.ndarray, ...]
 #: One padded batch: ``[batch, seq_len]``, or one such tensor per model input.
 Batch = torch.Tensor | tuple[torch.Tensor, ...]
-
-
-def as_samples(
-    input_ids: Sequence[np.ndarray], input_ids2: Sequence[np.ndarray] | None = None
-) -> list[Sample]:
-    """Samples from the columns of a split (``SplitData``) or an encoder's output.
-
-    Args:
-        input_ids: ``n`` id arrays.
-        input_ids2: ``n`` second-text id arrays of a separately encoded pair task, or None.
-
-    Returns:
-        ``input_ids`` itself (as a list) when ``input_ids2`` is None, else ``n``
-        tuples ``(input_ids[i], input_ids2[i])``.
-
-    Raises:
-        ValueError: the two columns differ in length.
-    """
-    if input_ids2 is None:
-        return list(input_ids)
-    if len(input_ids2) != len(input_ids):
-        raise ValueError(
-            f"input_ids ({len(input_ids)}) and input_ids2 ({len(input_ids2)}) differ in length"
-        )
-    return list(zip(input_ids, input_ids2, strict=True))
-
-
-def _pad(seqs: Sequence[np.ndarray], pad_id: int, min_len: int) -> torch.Tensor:
-    width = max([len(s) for s in seqs] + [min_len])
-    out = np.full((len(seqs), width), pad_id, dtype=np.int64)
-    for i, s in enumerate(seqs):
-        out[i, : len(s)] = s
-    return torch.from_numpy(out)
 
 
 def pad_batch(seqs: Sequence[Sample], pad_id: int = 0, min_len: int = 1) -> Batch:
@@ -86,9 +54,8 @@ def pad_batch(seqs: Sequence[Sample], pad_id: int = 0, min_len: int = 1) -> Batc
         ``[batch, max(max_len_in_batch, min_len)]`` int64 tensor; for tuple samples,
         a tuple with one such tensor per input, each as wide as its own longest row.
     """
-    if len(seqs) and isinstance(seqs[0], tuple):
-        return tuple(_pad([s[k] for s in seqs], pad_id, min_len) for k in range(len(seqs[0])))
-    return _pad(seqs, pad_id, min_len)  # type: ignore[arg-type]
+    x = pad_ids(seqs, pad_id, min_len)
+    return tuple(torch.from_numpy(t) for t in x) if isinstance(x, tuple) else torch.from_numpy(x)
 
 
 def to_device(x: Batch, device: str | torch.device) -> Batch:
@@ -186,16 +153,3 @@ def predict_logits_sharded(
         if p is not None:
             out[i] = p
     return out
-
-
-def probs_from_logits(logits: np.ndarray) -> np.ndarray:
-    """Row-wise softmax of ``[n, num_labels]`` logits, in float64 (rows sum to 1)."""
-    z = logits.astype(np.float64)
-    z -= z.max(axis=1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=1, keepdims=True)
-
-
-def format_probs(probs: Sequence[float]) -> list[str]:
-    """Probabilities as the TSV fields ``predict`` and ``serve`` print (6 decimals)."""
-    return [f"{x:.6f}" for x in probs]

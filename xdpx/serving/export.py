@@ -36,13 +36,13 @@ from typing import Any
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import torch
 from torch import nn
 
 from xdpx import io
 from xdpx.inference import Batch, Sample, call_model, pad_batch
 from xdpx.models import input_names
+from xdpx.serving.runtime import OUTPUT_NAME, ort_logits, ort_session
 
 __all__ = [
     "INPUT_NAME",
@@ -65,7 +65,6 @@ __all__ = [
 logger = logging.getLogger("xdpx.serving.export")
 
 INPUT_NAME = "input_ids"
-OUTPUT_NAME = "logits"
 
 
 def dynamic_axes(names: Sequence[str] = (INPUT_NAME,)) -> dict[str, dict[int, str]]:
@@ -184,34 +183,6 @@ def export_onnx(
         model.train(was_training)
     io.write_bytes(path, data)
     logger.info("exported ONNX opset %d (%.1f KiB) -> %s", opset, len(data) / 1024, path)
-
-
-def ort_session(path: str, threads: int | None = None) -> ort.InferenceSession:
-    """An onnxruntime CPU session of an ONNX file read through :mod:`xdpx.io`.
-
-    Args:
-        path: ``.onnx`` file (local path or fsspec URL).
-        threads: intra-op threads; ``None`` keeps onnxruntime's default.
-    """
-    options = ort.SessionOptions()
-    if threads is not None:
-        options.intra_op_num_threads = threads
-    return ort.InferenceSession(
-        io.read_bytes(path), sess_options=options, providers=["CPUExecutionProvider"]
-    )
-
-
-def ort_logits(session: ort.InferenceSession, names: Sequence[str], x: Batch) -> np.ndarray:
-    """``[batch, num_labels]`` float32 logits of one padded batch on onnxruntime.
-
-    Args:
-        session: an :func:`ort_session`; names: the graph's input names, in order
-            (``xdpx.models.input_names``); x: ``[batch, seq_len]`` int64 (a tuple of them,
-            one per input, for a pair model), as :func:`xdpx.inference.pad_batch` makes it.
-    """
-    xs = x if isinstance(x, tuple) else (x,)
-    feed = {n: t.numpy() for n, t in zip(names, xs, strict=True)}
-    return session.run([OUTPUT_NAME], feed)[0]
 
 
 def parity_batches(n: int, batch_size: int) -> list[tuple[int, int]]:

@@ -17,22 +17,9 @@ from xdpx.checkpoint import load_checkpoint
 from xdpx.data import DataError, Encoder
 from xdpx.inference import as_samples, format_probs, predict_probs
 from xdpx.rundir import RunDir
+from xdpx.serving.runtime import refuse_regression
 
-__all__ = ["Predictor", "serve_lines"]
-
-
-def refuse_regression(encoder: Encoder, path: str) -> None:
-    """Serving answers with labels and probabilities: a regression model (``prepro.label_type:
-    score``) is refused, naming the stage that scores it.
-
-    Raises:
-        ValueError: ``encoder`` is a regression model's.
-    """
-    if encoder.label_type == "score":
-        raise ValueError(
-            f"{path} is a regression model (prepro.label_type=score): xdpx serve answers with "
-            "labels and probabilities; score texts with the predict stage (a score column)"
-        )
+__all__ = ["Predictor", "serve_lines", "refuse_regression"]
 
 
 class Predictor:

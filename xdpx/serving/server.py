@@ -40,7 +40,6 @@ import asyncio
 import gc
 import logging
 import math
-import threading
 import time
 import uuid
 from collections import deque
@@ -60,14 +59,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Route
 
-from xdpx import io
-from xdpx.config import HF_MODELS
-from xdpx.data import Encoder
+from xdpx.batching import Sample, length_chunks
 from xdpx.data.readers import CONTROL_CHARS, TextError, clean_text
-from xdpx.data.shards import sample_lengths
-from xdpx.inference import Sample, as_samples, call_model, pad_batch, probs_from_logits
-from xdpx.serving.export import ort_logits, ort_session
-from xdpx.serving.repl import refuse_regression
+from xdpx.serving.runtime import ENCODER_MAX_PADDING, ServedModel
 from xdpx.serving.v2 import (
     HEADER_LENGTH,
     V2Request,
@@ -87,6 +81,7 @@ __all__ = [
     "create_app",
     "length_chunks",
     "serve_http",
+    "ENCODER_MAX_PADDING",
     "V2Request",
     "V2Tensor",
 ]
@@ -123,156 +118,6 @@ class ServeConfig:
 
 
 # ---------------------------------------------------------------------------- the model
-class ServedModel:
-    """A run's model and preprocessing: texts in, probabilities out.
-
-    Args:
-        run: a run directory (``models/default``: its ``export/model.onnx`` or ``<best>``),
-            an export directory (``model.onnx`` + ``report.json``), or a checkpoint dir.
-        backend: ``auto`` (onnxruntime when an export exists, else eager), ``onnx`` or
-            ``eager``.
-        threads: onnxruntime intra-op / torch threads (None: the library default).
-        onnx_file: the graph in the export directory (``model.int8.onnx``: the int8 one
-            that ``export.quantize: int8`` writes).
-
-    Attributes:
-        name: the model name in V2 URLs (the run directory's base name).
-        labels: class names in logit order; pair: the model takes text pairs;
-        backend: ``onnx`` or ``eager``; source: the file or directory loaded.
-        kind: the model's ``train.model`` (``hf_classifier``, ``ngram_lr``, ...).
-        max_padding: :func:`length_chunks`' tolerance for this model:
-            :data:`ENCODER_MAX_PADDING` for a transformer encoder, else 0.5.
-
-    Raises:
-        FileNotFoundError: ``backend="onnx"`` and no ``model.onnx``; nothing to load.
-        CheckpointError: the checkpoint is incomplete.
-    """
-
-    def __init__(
-        self,
-        run: str,
-        backend: str = "auto",
-        threads: int | None = None,
-        onnx_file: str = "model.onnx",
-    ) -> None:
-        run = run.rstrip("/")
-        export_dir = run if io.exists(io.join(run, onnx_file)) else io.join(run, "export")
-        onnx_path = io.join(export_dir, onnx_file)
-        has_onnx = io.exists(onnx_path) and io.exists(io.join(export_dir, "report.json"))
-        if backend == "onnx" and not has_onnx:
-            raise FileNotFoundError(
-                f"{onnx_path} (with report.json) not found: run the export stage "
-                f"(xdpx export export.checkpoint={run}/<best>) or serve with --backend eager"
-            )
-        self.name = run.rsplit("/", 1)[-1] or "model"
-        self._lock = threading.Lock()  # one model call at a time (the batcher's thread)
-        if backend in ("auto", "onnx") and has_onnx:
-            import json
-
-            report = json.loads(io.read_text(io.join(export_dir, "report.json")))
-            self.session = ort_session(onnx_path, threads)
-            self.kind = str(report.get("model", ""))
-            self.input_names = tuple(report["input_names"])
-            self.min_len = int(report.get("min_len", 1))
-            self.encoder = Encoder.from_dir(export_dir)
-            refuse_regression(self.encoder, export_dir)
-            self.backend, self.source, self.model = "onnx", onnx_path, None
-            if self.name == "export":
-                self.name = run.rsplit("/", 2)[-2] if "/" in run else "model"
-        else:  # the REPL's loader: a run dir means its <best>
-            import torch
-
-            from xdpx.serving.repl import Predictor
-
-            if threads:
-                torch.set_num_threads(threads)
-            predictor = Predictor(run)
-            self.model, self.encoder = predictor.ckpt.model, predictor.encoder
-            self.min_len = getattr(self.model, "min_len", 1)
-            self.backend, self.source, self.session = "eager", predictor.ckpt.path, None
-            self.kind = predictor.ckpt.name
-        self.max_padding = ENCODER_MAX_PADDING if self.kind in HF_MODELS else 0.5
-        self.pad_id = self.encoder.pad_id
-        self.labels: list[str] = list(self.encoder.labels)
-        self.pair = self.encoder.pair
-        meta = self.encoder.meta
-        #: ``prepro.control_chars`` of the run's data: requests are cleaned as prepro cleaned
-        #: its lines (:func:`xdpx.data.readers.clean_text`)
-        self.control_chars: str = str((meta.prepro.get("control_chars") if meta is not None else None) or "strip_warn")  # fmt: skip
-        log.info("serving %s (%s, %s) from %s", self.name, self.backend, "pairs" if self.pair else "texts", self.source)  # fmt: skip
-
-    def encode(self, texts: Sequence[str], texts2: Sequence[str] | None = None) -> list[Sample]:
-        """Token ids of raw texts, as prepro stores them (truncated at ``max_len``)."""
-        return as_samples(*self.encoder.encode_inputs(texts, texts2))
-
-    def probs(self, samples: Sequence[Sample]) -> np.ndarray:
-        """``[n, num_labels]`` float64 softmax probabilities of ``samples``, in order.
-
-        The samples are sorted by length and cut into chunks of similar length
-        (:func:`length_chunks`, at most :attr:`max_padding` padding), each padded to its
-        own longest text (each input of a pair to its own) and run as one model call: one
-        long review no longer pads a whole batch of short ones to its width (the n-gram
-        graph's cost grows with the padded width, a transformer's with every padded token).
-        The models are padding-invariant, so the numbers do not depend on it.
-        """
-        lengths = sample_lengths(samples).tolist()
-        out: list[np.ndarray] = [None] * len(samples)  # type: ignore[list-item]
-        for chunk in length_chunks(lengths, self.max_padding):
-            logits = self._logits([samples[i] for i in chunk])
-            for i, row in zip(chunk, probs_from_logits(logits), strict=True):
-                out[i] = row
-        return np.stack(out)
-
-    def _logits(self, samples: Sequence[Sample]) -> np.ndarray:
-        """One model call: ``[n, num_labels]`` float32 logits of ``samples``."""
-        x = pad_batch(samples, self.pad_id, self.min_len)
-        with self._lock:
-            if self.session is not None:
-                return ort_logits(self.session, self.input_names, x)
-            import torch
-
-            with torch.inference_mode():
-                return call_model(self.model, x).float().numpy()
-
-
-#: :func:`length_chunks`' padding tolerance for transformer encoders (``hf_classifier``).
-#: Their cost per token is flat in the batch size on CPU (onnxruntime, MiniLM-L6, 48 tokens:
-#: the same ms per text at batch 1 and 16), so a padded token costs as much as a real one
-#: and a call more costs almost nothing; 0.5 (the n-gram models' setting) made a batch of 64
-#: dev texts 1.40x their real tokens, 0.1 makes it 1.05x in 10 calls. Server CPU per request
-#: at concurrency 64 (MiniLM-L6 fp32, ``bench/serve_encoder.py``'s clients, a shared
-#: machine, medians of 3 alternating runs): 0.5: 40.9 ms vs 0.1: 35.5; then 0.25: 35.4,
-#: 0: 38.0 (40 calls of 1.6 texts) vs 0.1: 32.6.
-ENCODER_MAX_PADDING = 0.1
-
-
-def length_chunks(lengths: Sequence[int], max_padding: float = 0.5) -> list[list[int]]:
-    """Indices of a batch, sorted by length and cut into chunks whose padding stays under
-    ``max_padding`` of the padded area (``1 - tokens / (rows * longest)``), so a long text
-    is batched with texts of its own length.
-
-    Args:
-        lengths: ``[n]`` token counts. max_padding: the most padding a chunk may hold.
-
-    Returns:
-        Chunks of indices into ``lengths``, shortest texts first; together every index once.
-    """
-    order = sorted(range(len(lengths)), key=lengths.__getitem__)
-    chunks: list[list[int]] = []
-    chunk: list[int] = []
-    tokens = 0
-    for i in order:
-        n = max(lengths[i], 1)  # sorted: the newcomer is the chunk's longest
-        if chunk and 1 - (tokens + n) / ((len(chunk) + 1) * n) > max_padding:
-            chunks.append(chunk)
-            chunk, tokens = [], 0
-        chunk.append(i)
-        tokens += n
-    if chunk:
-        chunks.append(chunk)
-    return chunks
-
-
 # ---------------------------------------------------------------------------- batching
 class Overloaded(Exception):
     """The queue cannot take the request's texts (the server answers 503)."""
