@@ -493,7 +493,9 @@ def test_hot_endpoints_answer_like_fastapi_and_survive_a_failing_model_call():
         v2 = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a"]}]}
         assert client.post("/v2/models/stub/infer", json=v2).json()["outputs"][0]["data"] == ["pos"]  # fmt: skip
         missing = client.post("/v2/models/other/infer", json=v2)
-        assert missing.status_code == 404 and "no model 'other'" in missing.json()["error"]  # V2's body
+        assert (
+            missing.status_code == 404 and "no model 'other'" in missing.json()["error"]
+        )  # V2's body
         metrics = client.get("/metrics").text
     for labels, count in [
         ('endpoint="/predict",status="200"', 2),
