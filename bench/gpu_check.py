@@ -228,7 +228,7 @@ def loss_scale_skip(
     weight change) and ``ok``: the injected update changed no weight, halved the scale and
     left the scheduler; every other update stepped both.
     """
-    from tests.test_trainer import make_trainer
+    from xdpx.train.setup import in_memory_trainer as make_trainer
 
     common = dict(model="textcnn", max_update=6, log_interval=1, eval_interval=1000)
     if device == "cuda":
@@ -308,7 +308,7 @@ def forced_oom_auto_ga(
 
     Returns the measurements, the final micro-batch and ``ok``.
     """
-    from tests.test_trainer import make_trainer
+    from xdpx.train.setup import in_memory_trainer as make_trainer
 
     gc.collect()
     torch.cuda.empty_cache()

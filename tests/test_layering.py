@@ -146,3 +146,21 @@ def test_the_readme_architecture_table_names_every_module_and_nothing_else():
             assert f"`xdpx/{name}`" in first_cells or f"`{name}`" in first_cells, (
                 f"xdpx/{name} is not in the README's architecture table"
             )
+
+
+def test_the_data_layer_never_imports_the_trainer_and_bench_imports_no_test():
+    """xdpx/data/ sits under the trainer (the epoch order both read is xdpx.batching's), and
+    bench/ scripts stand on the package alone, not on a test module."""
+    bad = [
+        f"{path.relative_to(ROOT)}:{line}: imports {name}"
+        for path in sorted((ROOT / "xdpx" / "data").rglob("*.py"))
+        for line, name in _imports(path)
+        if name.startswith(("xdpx.train", "xdpx.models", "xdpx.doctor"))
+    ]
+    bad += [
+        f"{path.relative_to(ROOT)}:{line}: imports {name}"
+        for path in sorted((ROOT / "bench").glob("*.py"))
+        for line, name in _imports(path)
+        if name.split(".")[0] in ("tests", "conftest") or name.startswith("test_")
+    ]
+    assert not bad, "\n".join(bad)

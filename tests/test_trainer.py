@@ -10,32 +10,16 @@ import pytest
 import torch
 
 from xdpx.checkpoint import load_checkpoint
-from xdpx.config import TrainConfig
 from xdpx.data import load_split
 from xdpx.errors import DivergenceError, NonFiniteLossError
-from xdpx.models import build_model, model_config_from
 from xdpx.train.sampling import epoch_order, length_grouped
+from xdpx.train.setup import in_memory_trainer
 from xdpx.train.trainer import Trainer
 
 
 def make_trainer(prepared: str, save_dir: str, **overrides) -> Trainer:
-    cfg = TrainConfig(data_dir=prepared, save_dir=save_dir, **overrides)
-    meta = json.loads(open(f"{prepared}/meta.json").read())
-    train, dev = load_split(prepared, "train"), load_split(prepared, "dev")
-    torch.manual_seed(cfg.seed)
-    model_config = model_config_from(cfg.model, cfg, meta["vocab_size"], meta["num_labels"], 0)
-    model = build_model(cfg.model, model_config)
-    return Trainer(
-        model,
-        cfg,
-        train.input_ids,
-        train.labels,
-        dev.input_ids,
-        dev.labels,
-        cfg.model,
-        model_config,
-        prepared,
-    )
+    """The trainer on ``prepared`` in memory (the package's helper, bench/gpu_check.py's too)."""
+    return in_memory_trainer(prepared, save_dir, **overrides)
 
 
 def params_of(trainer: Trainer) -> dict[str, torch.Tensor]:

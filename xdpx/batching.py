@@ -1,12 +1,16 @@
-"""Samples, padding, length bucketing and softmax in numpy: what training, inference and
-the serving runtime share, without torch (the serving runtime, :mod:`xdpx.serving.runtime`,
+"""Samples, padding, length bucketing, the epoch order and softmax in numpy: what training,
+the data readers, inference and the serving runtime share, without torch (the serving runtime, :mod:`xdpx.serving.runtime`,
 imports this module and never torch).
 
 A *sample* is one model input: an int array of token ids for a single-text model, or a
 tuple ``(input_ids, input_ids2)`` of two arrays for a pair model (``xdpx.models.input_names``).
 :func:`pad_ids` pads a batch of samples into one ``[batch, seq_len]`` int64 array, or a
 tuple of arrays (one per input, each as wide as its own longest row);
-:func:`xdpx.inference.pad_batch` is the same as torch tensors.
+:func:`xdpx.inference.pad_batch` is the same as torch tensors. Length bucketing has two
+forms here: :func:`length_grouped` sorts runs of an epoch's order for training
+(``train.group_by_length``), :func:`length_chunks` cuts a serving batch into chunks of
+similar length. The epoch order (:func:`epoch_order`, :func:`shard_epoch_order`) is the
+trainer's (:mod:`xdpx.train.sampling` re-exports them) and ``xdpx.data.lazy``'s.
 """
 
 from __future__ import annotations
@@ -20,6 +24,10 @@ __all__ = [
     "as_samples",
     "pad_ids",
     "length_chunks",
+    "epoch_order",
+    "MEGABATCH_WINDOWS",
+    "length_grouped",
+    "shard_epoch_order",
     "probs_from_logits",
     "format_probs",
 ]
@@ -104,6 +112,45 @@ def length_chunks(lengths: Sequence[int], max_padding: float = 0.5) -> list[list
     if chunk:
         chunks.append(chunk)
     return chunks
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
+    """Permutation of ``range(n)`` for ``epoch``, seeded by ``(seed, epoch)`` only (FAQ: shuffling)."""
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+#: Windows per megabatch of :func:`length_grouped` (``transformers``' LengthGroupedSampler
+#: uses megabatches of 50 batches).
+MEGABATCH_WINDOWS = 50
+
+
+def length_grouped(order: np.ndarray, lengths: np.ndarray, megabatch: int) -> np.ndarray:
+    """``order`` with each run of ``megabatch`` consecutive ids sorted by length, longest
+    first: the windows cut from it hold texts of similar length, so a batch padded to its
+    longest text pads little (``train.group_by_length``).
+
+    The grouping of ``transformers``' ``get_length_grouped_indices`` (``group_by_length``):
+    a random permutation cut into megabatches of 50 batches, each sorted by decreasing
+    length. Which texts an epoch sees is unchanged; only their order within a megabatch.
+
+    Args:
+        order: ``[n]`` an epoch permutation (:func:`epoch_order`).
+        lengths: ``[n]`` tokens per sample, indexed by sample id (pairs: both sides).
+        megabatch: ids per sorted run (``MEGABATCH_WINDOWS`` update windows).
+    """
+    if megabatch <= 1:
+        return order
+    runs = [order[i : i + megabatch] for i in range(0, len(order), megabatch)]
+    return np.concatenate([r[np.argsort(-lengths[r], kind="stable")] for r in runs])
+
+
+def shard_epoch_order(num_shards: int, seed: int, epoch: int) -> np.ndarray:
+    """Order of the shards in epoch ``epoch`` with ``train.lazy_load``: a permutation drawn
+    from ``(seed, epoch)`` (the identity for one shard). The rows inside shard ``s`` follow
+    a permutation drawn from ``(seed, epoch, s)`` (:mod:`xdpx.data.lazy`)."""
+    if num_shards == 1:
+        return np.zeros(1, dtype=np.int64)
+    return np.random.default_rng([seed, epoch]).permutation(num_shards)
 
 
 def probs_from_logits(logits: np.ndarray) -> np.ndarray:

@@ -7,7 +7,7 @@ samples and labels of a list of ids. :class:`InMemoryData` holds the split as
 touches plus the next one of the epoch, read in a background thread (it hides the latency
 of an object store), whatever the corpus size.
 
-Order of an epoch with ``lazy_load`` (:func:`xdpx.train.sampling.shard_epoch_order`): the shards
+Order of an epoch with ``lazy_load`` (:func:`xdpx.batching.shard_epoch_order`): the shards
 in an order drawn from ``(seed, epoch)``, and the rows of each shard in an order drawn from
 ``(seed, epoch, shard)``; every epoch, the first one included (XDPX kept the first epoch
 in file order so training could start while prepro still wrote shards; xdpx does not
@@ -28,6 +28,12 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from xdpx import io
+from xdpx.batching import (
+    MEGABATCH_WINDOWS,
+    epoch_order,
+    length_grouped,
+    shard_epoch_order,
+)
 from xdpx.data.shards import (
     SplitData,
     flat_column,
@@ -37,12 +43,6 @@ from xdpx.data.shards import (
     split_shards,
 )
 from xdpx.data.shards import load_split as _load_split  # open_train_split
-from xdpx.train.sampling import (
-    MEGABATCH_WINDOWS,
-    epoch_order,
-    length_grouped,
-    shard_epoch_order,
-)
 
 __all__ = ["TrainData", "InMemoryData", "LazyData", "LazySplit", "open_train_split"]
 
@@ -94,7 +94,7 @@ class TrainData:
 
 
 class InMemoryData(TrainData):
-    """The whole split in memory; the epoch order is :func:`xdpx.train.sampling.epoch_order`.
+    """The whole split in memory; the epoch order is :func:`xdpx.batching.epoch_order`.
 
     Args:
         samples: ``n`` samples (``xdpx.inference.as_samples``).
@@ -112,7 +112,7 @@ class InMemoryData(TrainData):
         self._megabatch = 0
 
     def group_by_length(self, window_size: int) -> None:
-        """Order each epoch with :func:`xdpx.train.sampling.length_grouped` in runs of
+        """Order each epoch with :func:`xdpx.batching.length_grouped` in runs of
         ``MEGABATCH_WINDOWS`` update windows of ``window_size`` ids (``train.group_by_length``);
         call before :meth:`set_epoch`."""
         self._lengths = sample_lengths(self._samples)

@@ -23,44 +23,21 @@ from typing import Any
 
 import numpy as np
 
+# the epoch order and its length grouping live with the other batching helpers (data/lazy.py
+# reads them too); re-exported here for the trainer
+from xdpx.batching import MEGABATCH_WINDOWS, epoch_order, length_grouped, shard_epoch_order
 
-def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
-    """Permutation of ``range(n)`` for ``epoch``, seeded by ``(seed, epoch)`` only (FAQ: shuffling)."""
-    return np.random.default_rng([seed, epoch]).permutation(n)
-
-
-#: Windows per megabatch of :func:`length_grouped` (``transformers``' LengthGroupedSampler
-#: uses megabatches of 50 batches).
-MEGABATCH_WINDOWS = 50
-
-
-def length_grouped(order: np.ndarray, lengths: np.ndarray, megabatch: int) -> np.ndarray:
-    """``order`` with each run of ``megabatch`` consecutive ids sorted by length, longest
-    first: the windows cut from it hold texts of similar length, so a batch padded to its
-    longest text pads little (``train.group_by_length``).
-
-    The grouping of ``transformers``' ``get_length_grouped_indices`` (``group_by_length``):
-    a random permutation cut into megabatches of 50 batches, each sorted by decreasing
-    length. Which texts an epoch sees is unchanged; only their order within a megabatch.
-
-    Args:
-        order: ``[n]`` an epoch permutation (:func:`epoch_order`).
-        lengths: ``[n]`` tokens per sample, indexed by sample id (pairs: both sides).
-        megabatch: ids per sorted run (``MEGABATCH_WINDOWS`` update windows).
-    """
-    if megabatch <= 1:
-        return order
-    runs = [order[i : i + megabatch] for i in range(0, len(order), megabatch)]
-    return np.concatenate([r[np.argsort(-lengths[r], kind="stable")] for r in runs])
-
-
-def shard_epoch_order(num_shards: int, seed: int, epoch: int) -> np.ndarray:
-    """Order of the shards in epoch ``epoch`` with ``train.lazy_load``: a permutation drawn
-    from ``(seed, epoch)`` (the identity for one shard). The rows inside shard ``s`` follow
-    a permutation drawn from ``(seed, epoch, s)`` (:mod:`xdpx.data.lazy`)."""
-    if num_shards == 1:
-        return np.zeros(1, dtype=np.int64)
-    return np.random.default_rng([seed, epoch]).permutation(num_shards)
+__all__ = [
+    "MEGABATCH_WINDOWS",
+    "epoch_order",
+    "length_grouped",
+    "shard_epoch_order",
+    "rank_share",
+    "update_seed",
+    "total_updates",
+    "place",
+    "micro_batches",
+]
 
 
 def rank_share(window: np.ndarray, rank: int, world_size: int) -> np.ndarray:

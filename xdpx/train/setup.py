@@ -134,3 +134,28 @@ def resolve(
         if masker.mask_id >= meta.vocab_size:  # own vocabulary: [MASK] appended
             model_config["vocab_size"] = masker.mask_id + 1
     return TrainSetup(cfg, meta, model_config, masker)
+
+
+def in_memory_trainer(data_dir: str, save_dir: str, **overrides: Any) -> Any:
+    """A :class:`~xdpx.train.trainer.Trainer` on a prepared directory's ``train`` and ``dev``
+    splits loaded in memory, its model built from ``TrainConfig(data_dir, save_dir,
+    **overrides)`` after ``torch.manual_seed(seed)`` (as ``stages.train`` seeds it), without
+    the stage's set-up (no defaults resolved, no preflight, nothing written until it trains).
+    For the trainer's own tests and ``bench/gpu_check.py``, which drive its loop directly.
+
+    Raises:
+        FileNotFoundError: ``data_dir`` has no ``meta.json`` or splits.
+    """
+    import torch
+
+    from xdpx.data import load_split
+    from xdpx.models import build_model, model_config_from
+    from xdpx.train.trainer import Trainer
+
+    cfg = TrainConfig(data_dir=data_dir, save_dir=save_dir, **overrides)
+    meta = json.loads(io.read_text(io.join(data_dir, "meta.json")))
+    train, dev = load_split(data_dir, "train"), load_split(data_dir, "dev")
+    torch.manual_seed(cfg.seed)
+    model_config = model_config_from(cfg.model, cfg, meta["vocab_size"], meta["num_labels"], 0)
+    model = build_model(cfg.model, model_config)
+    return Trainer(model, cfg, train.input_ids, train.labels, dev.input_ids, dev.labels, cfg.model, model_config, data_dir)  # fmt: skip
