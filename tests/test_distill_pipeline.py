@@ -155,6 +155,24 @@ def test_the_flow_runs_the_same_steps_and_publishes_the_decision(repro, prefect_
     assert "up to date" in status, status
 
 
+@pytest.mark.e2e
+def test_a_first_xdpx_distill_prints_no_error(repro, tmp_path):
+    """The first contact: `xdpx distill --no-teacher` in a fresh PREFECT_HOME (Prefect's
+    temporary server, as a new user gets it) succeeds and prints no ERROR or traceback: the
+    server's telemetry heartbeat (an ERROR offline, then "database is locked" in SQLite)
+    is off unless the user turns it on (flows/__init__.py). The same plan as the flow
+    test's, so the project's outputs stay DVC's."""
+    root, env, _, _ = repro
+    env = {k: v for k, v in env.items() if k != "PREFECT_SERVER_ANALYTICS_ENABLED"}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect")
+    out = _sh(sys.executable, "-m", "xdpx.cli", "distill", "--no-teacher", cwd=root, env=env)
+    assert "Flow run" in out and "Finished in state Completed" in out, out[-2000:]
+    noisy = [line for line in out.splitlines() if "ERROR" in line or "Traceback" in line]
+    assert not noisy, "\n".join(noisy[:5])
+    status = _sh("dvc", "status", "distill/dvc.yaml", cwd=root, env=env)
+    assert "up to date" in status, status
+
+
 # ---------------------------------------------------------------------- unit
 @pytest.mark.unit
 @pytest.mark.parametrize("student_dev, shipped", [(0.80, "student"), (0.75, "alone")])
