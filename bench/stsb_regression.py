@@ -43,8 +43,8 @@ def _dev_scores(raw: Path) -> np.ndarray:
 
 def run(seeds: list[int], threads: int) -> dict:
     """Train both models per seed; their dev numbers and the summary (see the module doc)."""
-    from flows.corpora import STSB_THRESHOLD, materialize, materialize_stsb_scores
     from stages import prepro, train
+    from studies.corpora import STSB_THRESHOLD, materialize, materialize_stsb_scores
     from xdpx.checkpoint import load_checkpoint
     from xdpx.data import load_split
     from xdpx.inference import as_samples, predict_logits, probs_from_logits

@@ -1,6 +1,8 @@
-"""Orchestrators of stages: the Prefect flow (``pipeline``), ``xdpx tune`` (``tune``) and
-``xdpx suite`` (``suite``). They reach stages through ``stages.registry.STAGES`` and call them
-as functions with config objects. Imports go one way: flows -> stages -> xdpx core.
+"""The Prefect flows, and only they: ``pipeline`` (``xdpx_pipeline``), ``cv``
+(``xdpx_cv``) and ``distill`` (``xdpx_distill``). They reach stages through
+``stages.registry.STAGES`` and call them as functions with config objects; the benchmark
+suite, the tuning study and their reports, in plain Python, are :mod:`studies`. Imports go
+one way: flows -> studies -> stages -> xdpx core.
 """
 
 import os as _os

@@ -357,8 +357,8 @@ def baseline_task(prepro: Any) -> dict | None:
 @task(name="dvc-record", task_run_name="dvc exp save", cache_policy=NO_CACHE)
 def record_task(run_dir: str, params: str, overrides: list[str], checkpoint: str) -> dict:
     """The flow run as a DVC experiment named after its run directory
-    (:func:`flows.record.record_run`); the run directory itself is not changed."""
-    from flows.record import record_run
+    (:func:`studies.record.record_run`); the run directory itself is not changed."""
+    from studies.record import record_run
 
     name = run_dir.rstrip("/").rsplit("/", 1)[-1]
     recorded = record_run(run_dir, name, params, overrides, checkpoint)
@@ -368,11 +368,11 @@ def record_task(run_dir: str, params: str, overrides: list[str], checkpoint: str
 
 @task(name="dvc-push", task_run_name="dvc exp push", cache_policy=NO_CACHE)
 def push_task(recorded: dict, git_remote: str) -> dict:
-    """``dvc exp push``: the experiment's git ref and its data (:func:`flows.record.push_run`),
+    """``dvc exp push``: the experiment's git ref and its data (:func:`studies.record.push_run`),
     then a link artifact to the checkpoint on the DVC remote."""
     from prefect.artifacts import create_link_artifact
 
-    from flows.record import push_run
+    from studies.record import push_run
 
     remote = push_run(recorded["name"], git_remote)
     url = remote.object_url(recorded["checkpoint_md5"])
@@ -488,7 +488,7 @@ def xdpx_pipeline(
             and test accuracy go into the metrics table and summary. In memory: leave it off
             for corpora larger than memory.
         record: with ``runs_root``, record the run as the DVC experiment named after its
-            run directory (:func:`flows.record.record_run`: ``dvc exp show`` lists it with
+            run directory (:func:`studies.record.record_run`: ``dvc exp show`` lists it with
             its params and metrics) when the working directory is a git + DVC repository;
             elsewhere the run is left unrecorded with a warning.
         push: with ``runs_root``, also ``dvc exp push`` the recorded run to ``git_remote``
@@ -509,12 +509,12 @@ def xdpx_pipeline(
         xdpx.config.ConfigError: bad params or overrides, or ``pretrain`` not a ``task: mlm``
             config (before any stage runs).
         StageError: a stage failed (after its retries, for remote IO errors).
-        flows.record.RecordError: ``push`` without a git + DVC repository or without the
+        studies.record.RecordError: ``push`` without a git + DVC repository or without the
             remotes (before any stage runs), or recording/pushing failed (at the end).
     """
     import time
 
-    from flows.record import is_dvc_repo, remote_of
+    from studies.record import is_dvc_repo, remote_of
 
     start = time.perf_counter()
     overrides = list(overrides or [])

@@ -3,8 +3,8 @@
 Everything that drives stages goes through this registry and calls them as functions with
 config objects: the ``xdpx`` command (``xdpx/cli.py``: each stage sub-command is
 ``STAGES[name].main(argv)``, the argv entry point), the Prefect flow (``flows/pipeline.py``:
-``STAGES[name].run(params.<name>)`` in DAG order), ``xdpx tune`` (``flows/tune.py``) and
-``xdpx suite`` (``flows/suite.py``). dvc.yaml runs the same modules as ``python -m
+``STAGES[name].run(params.<name>)`` in DAG order), ``xdpx tune`` (``studies/tune.py``) and
+``xdpx suite`` (``studies/suite.py``). dvc.yaml runs the same modules as ``python -m
 stages.<name>``; ``tests/test_layering.py`` checks that its stages are these, in this order.
 
 A stage module is imported only when its ``run``/``check``/``main`` is first used, so

@@ -148,7 +148,7 @@ def xdpx_wheels(tmp_path_factory):
     src, out = tmp / "src", tmp / "out"
     out.mkdir()
     ignore = shutil.ignore_patterns("__pycache__")
-    for name in ("xdpx", "stages", "flows"):
+    for name in ("xdpx", "stages", "flows", "studies"):
         shutil.copytree(root / name, src / name, ignore=ignore)
     for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(root / name, src / name)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flows.corpora import package_file, read_stsb
 from stages.fetch import clean_text
+from studies.corpora import package_file, read_stsb
 from xdpx.data.augment import MASK_TOKEN, Augmenter, augment_tokens, neighbour_pairs
 from xdpx.data.tokenizers import detect_tokenizer
 

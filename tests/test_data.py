@@ -619,7 +619,7 @@ def test_spelled_encoding_equals_spelling_each_token(tmp_path, max_len):
     concatenation of :meth:`Vocab.spell` of its tokens cut to ``max_len`` ids, and its full
     length exceeds ``max_len`` exactly when ids were cut (prepro's truncation count); an
     empty text is ``[UNK]``."""
-    from flows.corpora import materialize
+    from studies.corpora import materialize
     from xdpx.data import WordTokenizer
 
     materialize("stsb", str(tmp_path / "raw"), seed=1, limit=300)

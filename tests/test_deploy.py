@@ -30,7 +30,7 @@ from snapshot import files_under, modes_under
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[1]
-PROJECT = ("prefect.yaml", "params.yaml", "dvc.yaml", ".gitignore", ".dvcignore", "plots", "flows", "stages", "xdpx")  # fmt: skip
+PROJECT = ("prefect.yaml", "params.yaml", "dvc.yaml", ".gitignore", ".dvcignore", "plots", "flows", "studies", "stages", "xdpx")  # fmt: skip
 GIT_ENV = {
     "DVC_NO_ANALYTICS": "1",
     "GIT_AUTHOR_NAME": "t",

@@ -1,10 +1,11 @@
-"""Imports go one way: flows/ (and ``xdpx tune``/``xdpx suite``, which live there) -> stages/ ->
-xdpx core; and every orchestrator reaches stages through one registry, ``stages.registry.STAGES``.
+"""Imports go one way: flows/ -> studies/ (``xdpx tune``, ``xdpx suite``) -> stages/ -> xdpx
+core; every orchestrator reaches stages through one registry, ``stages.registry.STAGES``; and
+flows/ holds Prefect flows only.
 
 Checked statically (ast, lazy imports in function bodies included): a module of ``xdpx/``
 never imports ``stages`` or ``flows``, a module of ``stages/`` never imports ``flows``. The
 one exception is ``xdpx/cli.py``, the command-line entry point: it sits on top of everything
-(``xdpx train`` is ``STAGES["train"].main(argv)``, ``xdpx tune`` runs ``flows.tune``), so it
+(``xdpx train`` is ``STAGES["train"].main(argv)``, ``xdpx tune`` runs ``studies.tune``), so it
 may import ``stages``/``flows``, but only ``stages.registry`` at import time (cheap: no stage
 module, no torch, so ``xdpx --help`` stays fast); the rest inside the commands.
 """
@@ -32,7 +33,11 @@ import import_closure  # noqa: E402
 #: The command-line entry point: may import stages/flows (see the module docstring).
 ENTRY_POINT = "xdpx/cli.py"
 #: Forbidden top-level packages per layer.
-FORBIDDEN = {"xdpx": ("stages", "flows"), "stages": ("flows",)}
+FORBIDDEN = {
+    "xdpx": ("stages", "flows", "studies"),
+    "stages": ("flows", "studies"),
+    "studies": ("flows",),
+}
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
@@ -79,12 +84,12 @@ def test_the_checker_sees_lazy_relative_and_importlib_imports(tmp_path, monkeypa
     (pkg / "m.py").write_text(
         "import importlib\n"
         "def f():\n    from stages import train\n"
-        "def g():\n    return importlib.import_module('flows.tune')\n"
+        "def g():\n    return importlib.import_module('studies.tune')\n"
         "from ... import stages\n"
     )
     monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
     names = {name for _, name in _imports(pkg / "m.py")}
-    assert {"stages.train", "flows.tune", "stages"} <= names
+    assert {"stages.train", "studies.tune", "stages"} <= names
 
 
 def test_cli_imports_only_the_registry_at_import_time():
@@ -92,7 +97,7 @@ def test_cli_imports_only_the_registry_at_import_time():
     heavy = [
         f"{ENTRY_POINT}:{line}: imports {name} at import time (import it inside the command)"
         for line, name in _top_level_imports(path)
-        if name.split(".")[0] in ("stages", "flows") and name != "stages.registry.STAGES"
+        if name.split(".")[0] in ("stages", "flows", "studies") and name != "stages.registry.STAGES"
     ]
     assert not heavy, "\n".join(heavy)
 
@@ -164,3 +169,21 @@ def test_the_data_layer_never_imports_the_trainer_and_bench_imports_no_test():
         if name.split(".")[0] in ("tests", "conftest") or name.startswith("test_")
     ]
     assert not bad, "\n".join(bad)
+
+
+def test_every_module_of_flows_defines_a_prefect_flow():
+    """flows/ is for Prefect flows; plain-Python studies (the suite, tune) live in studies/."""
+    bare = []
+    for path in sorted((ROOT / "flows").glob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        decorated = any(
+            isinstance(d, (ast.Name, ast.Call, ast.Attribute)) and "flow" in ast.unparse(d).split("(")[0].split(".")[-1]
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for d in node.decorator_list
+        )  # fmt: skip
+        if not decorated:
+            bare.append(path.relative_to(ROOT).as_posix())
+    assert not bare, f"modules of flows/ without a @flow: {bare} (plain Python belongs in studies/)"

@@ -15,7 +15,7 @@ import pytest
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("xdpx", "stages", "flows")
+PACKAGES = ("xdpx", "stages", "flows", "studies")
 #: The modules that own the names.
 OWNERS = {"xdpx/rundir.py", "xdpx/data/meta.py"}
 #: Strings no other module may spell.

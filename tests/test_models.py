@@ -101,8 +101,8 @@ def test_only_the_ngram_models_take_spelled_unknown_words(tmp_path):
     """Real STS-B pairs prepared with ``prepro.oov: spell`` (the default): match_ngram fits
     them; siamese and match_esim, which would meet untrained ``##c`` vectors at dev/test
     time, are refused with the fix; prepared with ``oov: unk`` they fit."""
-    from flows.corpora import materialize
     from stages import prepro
+    from studies.corpora import materialize
     from xdpx.config import PreproConfig
     from xdpx.models import check_model_fits_data
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 from sklearn.feature_extraction.text import TfidfVectorizer
 
-from flows.corpora import materialize
 from stages import fetch
+from studies.corpora import materialize
 from xdpx.config import FetchConfig
 from xdpx.data import CharTokenizer, PreparedMeta, Vocab, WordTokenizer
 from xdpx.data.vocab import is_char_token

@@ -1,4 +1,4 @@
-"""flows/record.py: a flow run's directory recorded as a DVC experiment, pushed, and brought
+"""studies/record.py: a flow run's directory recorded as a DVC experiment, pushed, and brought
 back into a fresh clone, on a real run of the pipeline in a git + DVC copy of the project.
 
 The deployment-level check (a process worker, `push: true` against the local object store)
@@ -36,7 +36,7 @@ def sh(args: list[str], cwd: Path, env: dict, ok: bool = True) -> subprocess.Com
 def make_project(root: Path, env: dict) -> None:
     """A git + DVC copy of the project (code, dvc.yaml, params.yaml), committed."""
     root.mkdir()
-    for name in ("xdpx", "stages", "flows", "plots"):
+    for name in ("xdpx", "stages", "flows", "studies", "plots"):
         shutil.copytree(ROOT / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("dvc.yaml", "params.yaml", ".gitignore", ".dvcignore"):
         shutil.copy(ROOT / name, root / name)
@@ -82,7 +82,7 @@ def project(tmp_path_factory):
 @pytest.fixture(scope="module")
 def recorded(project):
     """record_run of the run, with what the checkout looked like before."""
-    from flows.record import record_run
+    from studies.record import record_run
 
     root, env, _, _ = project
     before = {
@@ -135,7 +135,7 @@ def test_recording_leaves_the_checkout_and_the_run_as_they_were(project, recorde
 
 def test_push_then_a_fresh_clone_gets_the_run_back_byte_for_byte(project, recorded, tmp_path):
     """push_run, then on "another machine": git clone, dvc exp pull, dvc exp apply, dvc pull."""
-    from flows.record import push_run
+    from studies.record import push_run
 
     root, env, origin, remote_dir = project
     rec, _ = recorded
@@ -164,7 +164,7 @@ def test_push_then_a_fresh_clone_gets_the_run_back_byte_for_byte(project, record
 
 
 def test_failures_name_what_failed(project, recorded, tmp_path):
-    from flows.record import RecordError, push_run, record_run, remote_of
+    from studies.record import RecordError, push_run, record_run, remote_of
 
     root, env, _, remote_dir = project
     dvc = [sys.executable, "-m", "dvc"]

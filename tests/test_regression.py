@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 from scipy.stats import pearsonr, spearmanr
 
-from flows.corpora import materialize_stsb_scores
 from stages import evaluate, export, predict, prepro, train
+from studies.corpora import materialize_stsb_scores
 from xdpx.config import (
     EvaluateConfig,
     ExportConfig,

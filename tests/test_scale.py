@@ -13,8 +13,8 @@ import pytest
 import torch
 from test_resume import kill_after_checkpoint, start_train, train_here, train_params, weights
 
-from flows.corpora import materialize
 from stages import prepro
+from studies.corpora import materialize
 from xdpx import io
 from xdpx.config import PreproConfig
 from xdpx.data import DataError, Vocab, make_tokenizer, read_examples

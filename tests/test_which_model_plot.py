@@ -1,4 +1,4 @@
-"""The which-model plots (flows.which_model): test accuracy ± its per-text SE against served
+"""The which-model plots (studies.which_model): test accuracy ± its per-text SE against served
 req/s per suite corpus, drawn from reports/suite.json and the serving reports; the committed
 docs/img PNGs are what the generator writes."""
 
@@ -30,7 +30,7 @@ def suite() -> dict:
 
 @pytest.fixture(scope="module")
 def plots(suite):
-    from flows.which_model import which_model_points
+    from studies.which_model import which_model_points
 
     return which_model_points(suite, str(SERVE_LOAD), str(SERVE_ENCODER))
 
@@ -39,7 +39,7 @@ def plots(suite):
 def test_the_points_are_the_suites_numbers(suite, plots) -> None:
     """Known rows of reports/suite.json, their SE sqrt(p(1-p)/n) over the corpus's test
     texts, the served req/s of the serving reports; the line is the best peer's test."""
-    from flows.which_model import read_serve_encoder, read_serve_load
+    from studies.which_model import read_serve_encoder, read_serve_load
 
     assert list(plots) == CORPORA
     ngram_rps = read_serve_load(str(SERVE_LOAD))["req_s"]
@@ -80,7 +80,7 @@ def test_the_points_are_the_suites_numbers(suite, plots) -> None:
 def test_a_new_kind_of_row_appears_without_code_changes(suite) -> None:
     """Any per-corpus section of entries with a test accuracy is read: with its own req/s,
     or not served; a student of another model has no n-gram req/s; no serving reports."""
-    from flows.which_model import which_model_points
+    from studies.which_model import which_model_points
 
     result = {
         **suite,
@@ -103,7 +103,7 @@ def test_the_plots_are_written_per_corpus_and_the_docs_pngs_are_current(suite, t
     data the generator draws now. The data decide, not the bytes: the raster depends on the
     matplotlib version and on the process's text-layout state (in a full parallel run, after
     other figures, a committed PNG came out 3 pixels taller with the same data)."""
-    from flows.which_model import (
+    from studies.which_model import (
         PLOT_DATA_KEY,
         plot_file,
         which_model_points,
@@ -134,7 +134,7 @@ def test_the_plots_are_written_per_corpus_and_the_docs_pngs_are_current(suite, t
 def test_replace_section_writes_the_sections_plots_beside_the_page(suite, tmp_path) -> None:
     """The command's path: which_model_tables' section carries its plots, replace_section
     writes them to img/ beside the page; a plain string writes none."""
-    from flows.which_model import BEGIN, END, replace_section, which_model_tables
+    from studies.which_model import BEGIN, END, replace_section, which_model_tables
 
     section = which_model_tables(suite, str(SERVE_LOAD), str(SERVE_ENCODER))
     assert sorted(section.plots) == sorted(CORPORA)

@@ -7,7 +7,7 @@ the stage's ``main(argv)`` (``xdpx.stage.stage_main``). The others: ``viz`` (lea
 curves), ``io`` (files on any filesystem), ``script`` (result scripts), ``serve`` (a REPL over
 a trained model), ``doctor`` (environment, config and data checks), ``trim-vocab`` (a
 pretrained encoder's vocabulary trimmed to a corpus, :mod:`xdpx.trim`), ``suite`` (the benchmark
-suite, ``flows.suite``) and ``tune`` (Optuna search with a Hyperband pruner, ``flows.tune``);
+suite, ``studies.suite``) and ``tune`` (Optuna search with a Hyperband pruner, ``studies.tune``);
 suite, tune and ``cv`` (k-fold cross-validation, ``flows.cv``) orchestrate stages and are
 imported only when their command runs.
 """
@@ -591,7 +591,7 @@ def suite(
     """
     import logging
 
-    from flows import suite as suite_mod
+    from studies import suite as suite_mod
     from xdpx.config import load_params
 
     logging.basicConfig(level=logging.WARNING)
@@ -624,7 +624,7 @@ def suite(
             f"({e['prepro_train_seconds']:.0f} s prepro+train, {e['grid_seconds']:.0f} s grid)"
         )
 
-    from flows import which_model
+    from studies import which_model
 
     def which(result: dict) -> None:
         section = which_model.which_model_tables(result, serve_load, serve_encoder)
@@ -708,7 +708,7 @@ def suite(
 # ------------------------------------------------------------------ tune
 @app.command("tune")
 def tune(
-    space: str = typer.Argument(..., metavar="SPACE.yaml", help="Tune file: search space + study settings (see flows/tune.py)."),
+    space: str = typer.Argument(..., metavar="SPACE.yaml", help="Tune file: search space + study settings (see studies/tune.py)."),
     overrides: list[str] = typer.Argument(None, metavar="[SECTION.KEY=VALUE]...", help="Fixed for every trial (added to the file's overrides)."),
     n_trials: int = typer.Option(None, "--n-trials", "-n", min=1, help="Trials to run now (a resumed study adds them)."),
     study: str = typer.Option(None, "--study", "-s", help="Study name (default: the file's `study`, else its stem)."),
@@ -741,7 +741,7 @@ def tune(
     """
     import logging
 
-    from flows import tune as tune_mod
+    from studies import tune as tune_mod
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     with _user_errors():

@@ -1077,7 +1077,7 @@ def load_params(path: str = "params.yaml", overrides: list[str] | tuple[str, ...
 def read_params_raw(path: str = "params.yaml", overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:  # fmt: skip
     """The params mapping of ``path`` (an ``extends`` chain merged) with ``overrides`` applied,
     ``${section.key}`` references left as written: what a params.yaml holding exactly these
-    values says (``flows.record`` writes one per flow run). Missing file: ``{}`` + overrides.
+    values says (``studies.record`` writes one per flow run). Missing file: ``{}`` + overrides.
 
     Raises:
         ConfigError: malformed YAML, unknown section/key, a ``grid:``, a malformed override.

@@ -153,9 +153,9 @@ def in_memory_trainer(data_dir: str, save_dir: str, **overrides: Any) -> Any:
     from xdpx.train.trainer import Trainer
 
     cfg = TrainConfig(data_dir=data_dir, save_dir=save_dir, **overrides)
-    meta = json.loads(io.read_text(io.join(data_dir, "meta.json")))
+    meta = PreparedMeta.read(data_dir)
     train, dev = load_split(data_dir, "train"), load_split(data_dir, "dev")
     torch.manual_seed(cfg.seed)
-    model_config = model_config_from(cfg.model, cfg, meta["vocab_size"], meta["num_labels"], 0)
+    model_config = model_config_from(cfg.model, cfg, meta.vocab_size, meta.num_labels, 0)
     model = build_model(cfg.model, model_config)
     return Trainer(model, cfg, train.input_ids, train.labels, dev.input_ids, dev.labels, cfg.model, model_config, data_dir)  # fmt: skip

@@ -1,7 +1,7 @@
 """``xdpx suite``: one config against the classical baseline and the strongest simple peers on
 every corpus of the suite.
 
-For each corpus (:mod:`flows.corpora`) and each seed ``s``: the corpus is written as
+For each corpus (:mod:`studies.corpora`) and each seed ``s``: the corpus is written as
 raw TSV files (split ``s`` where its split is random), then the stages prepro -> train
 (``train.seed = s``) -> evaluate (``stages.registry.STAGES``, as functions) run with the params
 (``params.yaml`` plus ``key=value`` overrides; only the paths and the corpus's columns are
@@ -65,8 +65,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from flows.corpora import CORPORA, Corpus, materialize, redraw_without_test
 from stages.registry import STAGES
+from studies.corpora import CORPORA, Corpus, materialize, redraw_without_test
 from xdpx import io
 from xdpx.baselines import SINGLE_PEERS, read_tsv, run_peers
 from xdpx.config import EvaluateConfig, Params, PredictConfig, PreproConfig
@@ -270,7 +270,7 @@ def run_corpus_seed(
         peer_cache: reuse and keep the peers' results here (:func:`cached_run_peers`);
             None = run them.
         dev_only: compare without the test file: the splits are redrawn from train + dev
-            by ``seed`` (:func:`~flows.corpora.redraw_without_test`), and the run's "test"
+            by ``seed`` (:func:`~studies.corpora.redraw_without_test`), and the run's "test"
             numbers are of a held-out part of them.
 
     Returns:
@@ -823,7 +823,7 @@ def run_suite(
 
     Args:
         params: resolved params (the config under test).
-        corpora: names from :data:`~flows.corpora.CORPORA` (default: all, in order).
+        corpora: names from :data:`~studies.corpora.CORPORA` (default: all, in order).
         seeds: seeds per corpus.
         pair_model: ``train.model`` for sentence-pair corpora.
         work_dir: keep every run's data and model here (default: a temporary directory).

@@ -1,12 +1,12 @@
 """Which model when: per suite corpus, the n-gram default against the fine-tuned encoders.
 
-Generated from a suite result (``reports/suite.json``: :func:`flows.suite.run_suite` or
-:func:`~flows.suite.merge_results`) and the serving reports, never written by hand:
+Generated from a suite result (``reports/suite.json``: :func:`studies.suite.run_suite` or
+:func:`~studies.suite.merge_results`) and the serving reports, never written by hand:
 ``xdpx suite --table-only reports/suite.json --docs docs/benchmark-suite.md`` rewrites the
 section of ``docs/benchmark-suite.md`` between :data:`BEGIN` and :data:`END`.
 
 Per corpus one Markdown table: the n-gram default (``xdpx``), the best peer (picked on dev),
-each encoder row and each distilled student (``students``: :func:`flows.suite.student_entry`),
+each encoder row and each distilled student (``students``: :func:`studies.suite.student_entry`),
 with the test accuracy and macro-F1 (means over seeds, %), dev, the prepro + train seconds
 (an encoder: prepro + its chosen run's training; the whole dev grid in parentheses; the
 best peer: the ``svm`` peer's whole grid, ``pair``'s for pairs), the time as a multiple of
@@ -218,7 +218,7 @@ def guidance(
     Args:
         corpus: the corpus's name.
         ngram: ``{"test", "seconds"}`` of the n-gram default (None: not run).
-        encoders: name -> :func:`~flows.suite.summarize_encoder`.
+        encoders: name -> :func:`~studies.suite.summarize_encoder`.
         ngram_req_s, encoder_req_s: served requests per second, where known.
     """
     if not encoders:
@@ -271,7 +271,7 @@ def which_model_tables(
         serve_load: the n-gram serving report (None: not read).
         serve_encoder: the encoder serving report (None: not read).
     """
-    from flows.corpora import CORPORA
+    from studies.corpora import CORPORA
 
     per_corpus = result.get("per_corpus") or {}
     encoders_by_corpus = result.get("encoders") or {}
@@ -568,7 +568,7 @@ def which_model_points(
     Returns:
         corpus -> :class:`CorpusPlot`, in the suite's corpus order.
     """
-    from flows.corpora import CORPORA
+    from studies.corpora import CORPORA
 
     per_corpus = result.get("per_corpus") or {}
     sections = {
@@ -766,7 +766,7 @@ def write_which_model_plots(
         metadata = {
             "Title": f"which model when: {corpus}",
             "Software": f"matplotlib {matplotlib.__version__}",
-            "Source": "flows.which_model (reports/suite.json and the serving reports)",
+            "Source": "studies.which_model (reports/suite.json and the serving reports)",
             PLOT_DATA_KEY: plot.as_json(),
         }
         save_figure(which_model_figure(plot), path, dpi=110, metadata=metadata)
