@@ -1,4 +1,4 @@
-"""Print the parameter reference, generated from the pydantic models in xdpx/config.py.
+"""Print the parameter reference, generated from the pydantic models in xdpx/config/.
 
 Usage: ``python tools/params_table.py``; the documentation site's reference page is this
 output (docs/hooks.py inserts it at build time; tests/test_docs.py checks it covers params.yaml).
