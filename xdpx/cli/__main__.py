@@ -1,0 +1,5 @@
+"""``python -m xdpx.cli ...``: the ``xdpx`` command."""
+
+from xdpx.cli import main
+
+main()
