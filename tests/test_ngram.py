@@ -113,7 +113,7 @@ def test_match_ngram_union_paths_agree(tmp_path) -> None:
     rows (checkpoints before ``pair_cosine``) and with one scaled cosine per kind (new
     models): the training path and the ONNX export's padded path give the same logits; the
     pair stays symmetric."""
-    from xdpx.models.ngram import MatchNgram
+    from xdpx.models.match_ngram import MatchNgram
 
     raw = tmp_path / "stsb"
     materialize("stsb", str(raw), seed=1, limit=200)
@@ -146,7 +146,7 @@ def test_match_ngram_cosines_per_kind_equal_sklearn(tmp_path) -> None:
     sum, unscaled."""
     from sklearn.metrics.pairwise import paired_cosine_distances
 
-    from xdpx.models.ngram import MatchNgram
+    from xdpx.models.match_ngram import MatchNgram
 
     raw = tmp_path / "stsb"
     materialize("stsb", str(raw), seed=1, limit=40)
@@ -185,7 +185,7 @@ def test_match_ngram_cosines_per_kind_equal_sklearn(tmp_path) -> None:
 def test_match_ngram_new_config_and_old_checkpoints() -> None:
     """A new match_ngram config gets ``pair_cosine: per_kind`` and ``cosine_scale: 16``; a
     config.json saved before those keys existed builds the model it was trained as."""
-    from xdpx.models.ngram import MatchNgram
+    from xdpx.models.match_ngram import MatchNgram
 
     new = MatchNgram.resolve_config({"ngram_orders": None, "char_ngram_orders": None}, None)
     assert (new["pair_cosine"], new["cosine_scale"]) == ("per_kind", 16.0)
@@ -200,7 +200,7 @@ def test_feature_dropout_is_unbiased_and_off_in_eval(tmp_path) -> None:
     """``ngram_dropout`` on real English texts: training logits vary from draw to draw, their
     mean is the evaluation logits (the model is linear in the kept features, scaled by
     1/(1-p)), and evaluation is the model without dropout; for pairs too."""
-    from xdpx.models.ngram import MatchNgram
+    from xdpx.models.match_ngram import MatchNgram
 
     texts = _corpus(tmp_path, "stsb", 64)
     vocab, ids = _encode([WordTokenizer().tokenize(t) for t in texts])
@@ -486,7 +486,7 @@ def test_spelled_unknown_words_keep_their_character_ngrams(tmp_path) -> None:
         torch.testing.assert_close(model._forward_padded(padded), logits, atol=1e-5, rtol=1e-5)
     # the exported graph on onnxruntime: a single-text model and a pair model, on batches of
     # other sizes and widths than the tracing example
-    from xdpx.models.ngram import MatchNgram
+    from xdpx.models.match_ngram import MatchNgram
     from xdpx.serving.export import export_onnx, ort_logits, ort_session
 
     pair = MatchNgram(len(known), 2, [1, 2], 1 << 18, oov_chars=True, pair_cosine="per_kind", cosine_scale=16.0, **kw)  # fmt: skip

@@ -24,7 +24,8 @@ from xdpx.data.meta import PreparedMeta
 from xdpx.model_configs import HF_DATA_MODELS, model_args
 from xdpx.models.bilstm import BiLSTM
 from xdpx.models.hf import HFClassifier, HFMaskedLM
-from xdpx.models.ngram import MatchNgram, NgramLR
+from xdpx.models.match_ngram import MatchNgram
+from xdpx.models.ngram import NgramLR
 from xdpx.models.pair import PAIR_INPUTS, MatchESIM, Siamese
 from xdpx.models.static import StaticEmbedding
 from xdpx.models.textcnn import TextCNN
