@@ -22,16 +22,12 @@ number of workers); the Prefect flow maps them over the files as task runs
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from functools import cached_property
-from multiprocessing import get_context
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -44,9 +40,17 @@ from xdpx.data.encoder import Encoder, parse_scores
 from xdpx.data.overlaps import overlap_hashes
 from xdpx.data.readers import MAX_BAD_LINES, MAX_CONTROL_LINES, DataError, iter_examples
 from xdpx.data.shards import NO_LABEL, shard_schema
-from xdpx.data.tokenizers import HFTokenizer, TokenBatch, make_tokenizer
+from xdpx.data.tokenizers import TokenBatch, make_tokenizer
 from xdpx.data.transliterate import make_transliterator
-from xdpx.data.vocab import TargetMap, Vocab, spells_oov
+from xdpx.data.vocab import Vocab
+from xdpx.data.workers import (  # noqa: F401 - re-exported
+    EncoderSpec,
+    ordered_map,
+    worker_pool,
+)
+from xdpx.data.workers import (
+    _cached as _cached,
+)
 
 __all__ = [
     "EncoderSpec",
@@ -64,8 +68,6 @@ __all__ = [
 
 log = logging.getLogger("xdpx.prepro")
 
-T = TypeVar("T")
-R = TypeVar("R")
 
 _GLOB_CHARS = "*?["
 
@@ -109,93 +111,6 @@ def _name(path: str) -> str:
 def file_shard_name(file_index: int, k: int) -> str:
     """Shard ``k`` of the split's raw file number ``file_index``: ``part-00003-00001.parquet``."""
     return f"part-{file_index:05d}-{k:05d}.parquet"
-
-
-# ------------------------------------------------------------------------ workers
-def worker_pool(workers: int) -> Executor | None:
-    """A pool of ``workers`` processes (``spawn``: no inherited threads or locks; started
-    at the first job), or None for ``workers == 1`` (everything runs in this process).
-    One pool serves both passes: each worker builds a tokenizer / encoder once per spec."""
-    if workers <= 1:
-        return None
-    return ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"))
-
-
-def ordered_map(
-    fn: Callable[[T], R], items: Iterable[T], executor: Executor | None, ahead: int = 0
-) -> Iterator[R]:
-    """``map(fn, items)`` on ``executor``: results in the order of ``items``, at most
-    ``ahead`` (default: twice the pool's workers) submitted and not yet taken, so memory
-    stays bounded however long ``items`` is. Without an executor, a plain ``map``."""
-    if executor is None:
-        yield from map(fn, items)
-        return
-    ahead = ahead or 2 * getattr(executor, "_max_workers", 2)
-    pending: deque[Any] = deque()
-    for item in items:
-        pending.append(executor.submit(fn, item))
-        if len(pending) >= ahead:
-            yield pending.popleft().result()
-    while pending:
-        yield pending.popleft().result()
-
-
-@dataclass(frozen=True, eq=False)
-class EncoderSpec:
-    """What a worker process needs to rebuild prepro's :class:`Encoder` (picklable).
-
-    Attributes:
-        prepro: the prepro section as a dict (tokenizer options, max_len, transliterate).
-        tokenizer: the resolved tokenizer name (not ``auto``).
-        vocab: token strings in id order (None for ``hf``).
-        labels: the target map's labels in class order.
-    """
-
-    prepro: dict[str, Any]
-    tokenizer: str
-    vocab: list[str] | None
-    labels: list[str]
-
-    @property
-    def pair_columns(self) -> bool:
-        """The shards have ``input_ids2`` (pairs encoded separately, not ``hf``)."""
-        return self.prepro.get("text2_column") is not None and self.tokenizer != "hf"
-
-    @cached_property
-    def key(self) -> str:
-        """A digest of the spec: a worker builds the encoder once per key."""
-        text = json.dumps([self.prepro, self.tokenizer, self.vocab, self.labels])
-        return hashlib.sha1(text.encode("utf-8")).hexdigest()
-
-    def build(self) -> Encoder:
-        """The :class:`Encoder` this spec describes.
-
-        Raises:
-            ValueError: the hf tokenizer cannot be loaded from ``tokenizer_path``.
-        """
-        cfg = PreproConfig.model_validate(self.prepro)
-        tok = make_tokenizer(self.tokenizer, cfg.lower, cfg.tokenizer_path)
-        vocab = None if isinstance(tok, HFTokenizer) else Vocab(self.vocab or [])
-        return Encoder(
-            tok,
-            TargetMap(self.labels),
-            cfg.max_len,
-            vocab,
-            pair=cfg.text2_column is not None,
-            transliterate=cfg.transliterate,
-            label_type=cfg.label_type,
-            spell_oov=spells_oov(cfg.oov, self.tokenizer),
-            truncation=cfg.truncation,
-        )
-
-
-_CACHE: dict[Any, Any] = {}  # per process: the tokenizer of the counting pass, the encoder
-
-
-def _cached(key: Any, build: Callable[[], T]) -> T:
-    if key not in _CACHE:
-        _CACHE[key] = build()
-    return _CACHE[key]
 
 
 # ------------------------------------------------------------------ counting pass
