@@ -188,3 +188,18 @@ def test_every_module_of_flows_defines_a_prefect_flow():
         if not decorated:
             bare.append(path.relative_to(ROOT).as_posix())
     assert not bare, f"modules of flows/ without a @flow: {bare} (plain Python belongs in studies/)"
+
+
+#: The largest a module of the package, stages, flows, studies or tools may grow (lines):
+#: past it, split the module along its seams (issue 58: a house a newcomer can live in).
+MAX_MODULE_LINES = 700
+
+
+def test_no_module_outside_tests_and_bench_is_over_700_lines():
+    big = [
+        f"{path.relative_to(ROOT)}: {n} lines"
+        for top in ("xdpx", "stages", "flows", "studies", "tools")
+        for path in sorted((ROOT / top).rglob("*.py"))
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    ]
+    assert not big, f"modules over {MAX_MODULE_LINES} lines (split them): {big}"
