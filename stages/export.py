@@ -168,7 +168,7 @@ def run(cfg: ExportConfig) -> ExportResult:
     ckpt = load_checkpoint(cfg.checkpoint)
     model = ckpt.model.cpu().eval()
     pad_id = int(ckpt.model_config.get("pad_id", 0))
-    min_len = int(getattr(model, "min_len", 1))
+    min_len = int(model.min_len)
     seqs = load_samples(cfg.data_dir, cfg.split, cfg.num_samples)
     if len(seqs) < cfg.num_samples:
         logger.warning(

@@ -142,7 +142,7 @@ def _train(
             io.rm(cfg.save_dir, recursive=True)
         io.makedirs(cfg.save_dir)
         write_bundle(cfg, meta, resumed_from=resume_path)
-        report_loading(cfg.save_dir, cfg.pretrained_model, getattr(model, "loading_info", None))
+        report_loading(cfg.save_dir, cfg.pretrained_model, model.loading_info)
     if dist.is_initialized():
         dist.barrier()  # the run directory is ready before any rank writes to it
     n_params = sum(p.numel() for p in model.parameters())

@@ -126,18 +126,49 @@ def test_the_table_of_keys_read_by_the_trainer_matches_the_models():
     from xdpx.model_configs import TRAINER_KEYS
     from xdpx.train.optim import _is_head
 
+    from xdpx.models.contract import ModelContract
+
+    def offers(cls, method: str) -> bool:  # the family overrides the contract's default
+        return getattr(cls, method) is not getattr(ModelContract, method)
+
     heads, depths, embedded = set(), set(), set()
     for name, cls in MODELS.items():
         if name in ("hf_classifier", "hf_mlm"):  # not built here: transformers is slow to load
-            head = callable(getattr(cls, "is_head", None))
+            head = offers(cls, "is_head")
         else:
             model = build_model(name, {"vocab_size": 20, "num_labels": 2})
             head = any(_is_head(model, n) for n, _ in model.named_parameters())
         heads |= {name} if head else set()
-        depths |= {name} if callable(getattr(cls, "param_depth", None)) else set()
-        embedded |= {name} if callable(getattr(cls, "get_input_embeddings", None)) else set()
+        depths |= {name} if offers(cls, "param_depth") else set()
+        embedded |= {name} if offers(cls, "get_input_embeddings") else set()
     assert set(TRAINER_KEYS["head_learning_rate"]) == heads == set(MODELS) - {"ngram_lr", "match_ngram"}  # fmt: skip
     assert set(TRAINER_KEYS["layerwise_lr_decay"]) == depths == {"hf_classifier", "hf_mlm"}
     assert embedded == set(MODELS) - set(MODELS_WITHOUT_EMBEDDINGS)
     for key in ("adv", "adv_steps", "adv_lr", "adv_init_mag", "adv_max_norm"):
         assert set(TRAINER_KEYS[key]) == embedded - {"hf_mlm"}, key
+
+
+@pytest.mark.unit
+def test_every_family_is_a_model_contract_and_nothing_probes_one():
+    """The model contract (xdpx/models/contract.py) is declared once: every family inherits
+    it, and no module outside it probes a model for a contract attribute with getattr or
+    hasattr (issue 58: 15 such sites were the contract before)."""
+    import re
+    from pathlib import Path
+
+    from xdpx.models.contract import CONTRACT_ATTRIBUTES, ModelContract
+
+    assert {"min_len", "param_depth", "prepare", "saved_config", "sparse_grad_tables"} <= set(CONTRACT_ATTRIBUTES)  # fmt: skip
+    for name, cls in MODELS.items():
+        assert issubclass(cls, ModelContract), name
+    root = Path(__file__).resolve().parents[1]
+    probe = re.compile(r"\b(?:getattr|hasattr)\([^,()]+,\s*[\"'](" + "|".join(CONTRACT_ATTRIBUTES) + r")[\"']")  # fmt: skip
+    found = [
+        f"{path.relative_to(root)}:{i}: {line.strip()}"
+        for top in ("xdpx", "stages", "flows", "studies")
+        for path in sorted((root / top).rglob("*.py"))
+        if path.name != "contract.py"
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if probe.search(line)
+    ]
+    assert not found, "read the contract directly (model.min_len), not by probing:\n" + "\n".join(found)  # fmt: skip

@@ -12,6 +12,7 @@ import torch
 from xdpx.checkpoint import load_checkpoint
 from xdpx.data import load_split
 from xdpx.errors import DivergenceError, NonFiniteLossError
+from xdpx.models.contract import ModelContract
 from xdpx.train.sampling import epoch_order, length_grouped
 from xdpx.train.setup import in_memory_trainer
 from xdpx.train.trainer import Trainer
@@ -251,7 +252,7 @@ def test_auto_ga_halves_micro_batch_on_oom_and_keeps_the_update(real_subset, tmp
         batch_size=32,
     )
 
-    class OOMAbove8(torch.nn.Module):
+    class OOMAbove8(ModelContract):
         def __init__(self, inner):
             super().__init__()
             self.inner, self.min_len = inner, inner.min_len

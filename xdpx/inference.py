@@ -95,9 +95,9 @@ def predict_logits(
         raise ValueError("predict_logits got no sequences")
     was_training = model.training
     model.eval()
-    min_len = getattr(model, "min_len", 1)
+    min_len = model.min_len
     order = np.arange(len(seqs))
-    if getattr(model, "length_sorted_inference", False):
+    if model.length_sorted_inference:
         order = np.argsort(sample_lengths(list(seqs)), kind="stable")
     chunks = []
     for i in range(0, len(seqs), batch_size):

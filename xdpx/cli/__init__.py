@@ -502,5 +502,3 @@ def x_io() -> None:
 def x_script() -> None:
     """``x-script`` = ``xdpx script``."""
     _alias(["script"])
-
-

@@ -150,7 +150,7 @@ class Probe:
     def batch(self, ids: np.ndarray, extra_pad: int = 0) -> tuple[Batch, torch.Tensor]:
         """Padded inputs and labels of ``ids`` (each input padded ``extra_pad`` wider)."""
         samples = self.data.samples(ids)
-        min_len = getattr(self.template, "min_len", 1)
+        min_len = self.template.min_len
         x = pad_batch(samples, self.pad_id, min_len)
         if extra_pad:
             x = _pad_more(x, self.pad_id, extra_pad)

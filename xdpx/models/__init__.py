@@ -121,10 +121,10 @@ def with_model_defaults(train_cfg: Any) -> Any:
         update["learning_rate"] = default_learning_rate(train_cfg.model)
     cls = MODELS[train_cfg.model]
     if train_cfg.loss == "auto":
-        loss = getattr(cls, "default_loss", "cross_entropy")
+        loss = cls.default_loss
         update["loss"] = "cross_entropy" if train_cfg.distill_from else loss
     if train_cfg.optimizer == "auto":
-        update["optimizer"] = "lazy_adamw" if getattr(cls, "sparse_grad_tables", ()) else "adamw"
+        update["optimizer"] = "lazy_adamw" if cls.sparse_grad_tables else "adamw"
     return train_cfg.model_copy(update=update) if update else train_cfg
 
 
@@ -163,14 +163,15 @@ def build_for_training(
     torch.manual_seed(seed)
     model = build_model(name, model_config)
     facts = None
-    if hasattr(model, "prepare") and texts is not None:  # ngram_lr: sub-word and idf tables
+    if model.fits_on_data and texts is not None:  # ngram_lr: sub-word and idf tables
         assert vocab_file is not None
         # static_embed: the tokenizer's own ids (vocab.txt as written, not Vocab's [PAD]/[UNK])
-        read = read_tokens if getattr(model, "vocab_as_written", False) else lambda p: Vocab.load(p).tokens  # fmt: skip
+        read = read_tokens if model.vocab_as_written else lambda p: Vocab.load(p).tokens  # fmt: skip
         facts = model.prepare(read(vocab_file), texts)
         model_config = {**model_config, **model.saved_config_updates()}
-    if hasattr(model, "saved_config"):  # hf_classifier: config.json rebuilds it without the hub
-        model_config = model.saved_config()
+    saved = model.saved_config()  # hf_classifier: config.json rebuilds it without the hub
+    if saved is not None:
+        model_config = saved
     return model, model_config, facts
 
 
@@ -219,7 +220,7 @@ def uses_sparse_grad(model: str | nn.Module, optimizer: str) -> bool:
         KeyError: unknown model name.
     """
     cls = MODELS[model] if isinstance(model, str) else model
-    return optimizer == "lazy_adamw" and bool(getattr(cls, "sparse_grad_tables", ()))
+    return optimizer == "lazy_adamw" and bool(cls.sparse_grad_tables)
 
 
 def reads_spelled_oov(model: str) -> bool:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from xdpx.models.contract import ModelContract
+
 __all__ = ["BiLSTM", "BiLSTMEncoder", "bidirectional", "masked_mean_max"]
 
 
@@ -60,7 +62,7 @@ def masked_mean_max(h: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return torch.cat([mean, mx], dim=-1)
 
 
-class BiLSTMEncoder(nn.Module):
+class BiLSTMEncoder(ModelContract):
     """Embeddings -> dropout -> BiLSTM -> masked mean and max pooling (no classifier).
 
     The text encoder of :class:`BiLSTM` and of the siamese pair model; padding

@@ -29,6 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from xdpx.models.contract import ModelContract
+
 log = logging.getLogger("xdpx.models.hf")
 
 __all__ = ["HFClassifier", "HFMaskedLM", "load_hf_model", "pair_token_type_ids"]
@@ -104,7 +106,7 @@ def load_hf_model(
         return cls.from_config(config), {}
 
 
-class HFClassifier(nn.Module):
+class HFClassifier(ModelContract):
     """A transformers sequence classifier taking ``input_ids`` only.
 
     Args:

@@ -32,6 +32,7 @@ from torch import nn
 from xdpx.data.meta import PreparedMeta
 from xdpx.data.vocab import Vocab, is_char_token
 from xdpx.inference import pad_batch
+from xdpx.models.contract import ModelContract
 
 # Multipliers for position k of an n-gram window (distinct primes below _MODULUS):
 # h = order salt + sum_k ids[i+k] * P_k (< 2^50 for ids < 2^17), then
@@ -124,7 +125,7 @@ def char_buckets(symbols: Sequence[torch.Tensor], buckets: int) -> torch.Tensor:
     return torch.remainder(h, buckets) + 1
 
 
-class NgramLR(nn.Module):
+class NgramLR(ModelContract):
     """Hashed n-gram features, weighted and L2-normalised per text, then linear.
 
     Every feature (see the module docstring) is hashed into one of ``ngram_buckets``
@@ -178,6 +179,7 @@ class NgramLR(nn.Module):
     default_learning_rate = 1e-2
     #: ``train.loss: auto`` means this: the linear SVM's loss (docs/benchmark-suite.md).
     default_loss = "squared_hinge"
+    fits_on_data = True  # prepare(): the sub-word and idf tables from the training texts
     #: tables whose gradients are sparse under ``train.optimizer: lazy_adamw``
     #: (``xdpx.train.optim.build_optimizer`` sets :attr:`sparse_grad`)
     sparse_grad_tables: tuple[str, ...] = ("weight",)

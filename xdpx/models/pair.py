@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from xdpx.models.bilstm import BiLSTMEncoder, bidirectional, masked_mean_max
+from xdpx.models.contract import ModelContract
 from xdpx.models.textcnn import TextCNNEncoder
 
 __all__ = ["PAIR_INPUTS", "MatchESIM", "Siamese", "soft_align"]
@@ -47,7 +48,7 @@ def soft_align(
     return torch.bmm(attn_a, b), torch.bmm(attn_b, a)
 
 
-class MatchESIM(nn.Module):
+class MatchESIM(ModelContract):
     """ESIM (Chen et al. 2017, "Enhanced LSTM for Natural Language Inference") for text pairs.
 
     1. input encoding: shared embedding + BiLSTM (:class:`BiLSTMEncoder`) of each text;
@@ -115,7 +116,7 @@ class MatchESIM(nn.Module):
         return self.classifier(self.dropout(torch.tanh(self.hidden(self.dropout(v)))))
 
 
-class Siamese(nn.Module):
+class Siamese(ModelContract):
     """One shared text encoder, then ``[u; v; |u - v|; u * v]`` -> MLP -> logits.
 
     The comparison features are those of InferSent (Conneau et al. 2017) and

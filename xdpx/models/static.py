@@ -72,6 +72,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from xdpx.models.contract import ModelContract
 from xdpx.models.hf import pair_token_type_ids
 from xdpx.models.static_vectors import (
     _CLS as _CLS,
@@ -142,7 +143,7 @@ class PieceEmbedding(nn.Embedding):
         return self.rows[input_ids] != 0
 
 
-class StaticEmbedding(nn.Module):
+class StaticEmbedding(ModelContract):
     """Mean of static piece vectors -> optional LayerNorm -> dropout -> linear (module docstring).
 
     Args:
@@ -177,6 +178,7 @@ class StaticEmbedding(nn.Module):
     #: :func:`xdpx.models.build_for_training` hands ``prepare`` vocab.txt as written (the
     #: tokenizer's own ids), not :meth:`xdpx.data.vocab.Vocab.load`'s shifted ``[PAD]``/``[UNK]``.
     vocab_as_written = True
+    fits_on_data = True  # prepare(): the piece vectors and weights from the training texts
 
     def __init__(
         self,

@@ -5,10 +5,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from xdpx.models.contract import ModelContract
+
 __all__ = ["TextCNN", "TextCNNEncoder"]
 
 
-class TextCNNEncoder(nn.Module):
+class TextCNNEncoder(ModelContract):
     """Token embeddings -> parallel 1-D convolutions -> masked max-pool over time (no classifier).
 
     The text encoder of :class:`TextCNN` and of the siamese pair model.

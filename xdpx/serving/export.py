@@ -142,7 +142,7 @@ def export_onnx(
     """
     names = input_names(model)
     if example_input is None:
-        width = max(getattr(model, "min_len", 1), MIN_EXAMPLE_LEN)
+        width = max(model.min_len, MIN_EXAMPLE_LEN)
         example_input = tuple(torch.ones(2, width, dtype=torch.int64) for _ in names)
     example = example_input if isinstance(example_input, tuple) else (example_input,)
     if len(example) != len(names):
@@ -249,7 +249,7 @@ def check_parity(
     if not len(seqs):
         raise ValueError("check_parity needs at least one sequence")
     session = ort_session(onnx_path)
-    min_len = getattr(model, "min_len", 1)
+    min_len = model.min_len
     names = input_names(model)
     was_training = model.training
     model.eval()
@@ -362,7 +362,7 @@ def measure_latency(
     widths = [
         max(
             int(math.ceil(np.percentile([len(s) for s in col], percentile))),
-            getattr(model, "min_len", 1),
+            model.min_len,
             1,
         )
         for col in columns

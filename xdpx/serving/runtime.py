@@ -148,7 +148,7 @@ class ServedModel:
                 torch.set_num_threads(threads)
             predictor = Predictor(run)
             self.model, self.encoder = predictor.ckpt.model, predictor.encoder
-            self.min_len = getattr(self.model, "min_len", 1)
+            self.min_len = self.model.min_len
             self.backend, self.source, self.session = "eager", predictor.ckpt.path, None
             self.kind = predictor.ckpt.name
         self.max_padding = ENCODER_MAX_PADDING if self.kind in HF_MODELS else 0.5

@@ -64,8 +64,7 @@ def input_embeddings(model: nn.Module) -> nn.Module | None:
     from xdpx.train.ddp import unwrap
 
     model = unwrap(model)
-    get = getattr(model, "get_input_embeddings", None)
-    return get() if callable(get) else None
+    return model.get_input_embeddings()
 
 
 def rng_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -319,7 +319,7 @@ def evaluate_mlm(
     """
     was_training = model.training
     model.eval()
-    min_len = getattr(model, "min_len", 1)
+    min_len = model.min_len
     sums = np.zeros(3, dtype=np.float64)  # loss, masked tokens, correct
     offset = 0
     for samples in parts:

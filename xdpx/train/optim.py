@@ -25,10 +25,7 @@ __all__ = [
 
 
 def _is_head(module: nn.Module, name: str) -> bool:
-    is_head = getattr(module, "is_head", None)
-    if callable(is_head):
-        return bool(is_head(name))
-    return name.startswith("classifier.")  # TextCNN / BiLSTM output layer
+    return bool(module.is_head(name))  # the contract's default: under classifier.
 
 
 def param_groups(module: nn.Module, cfg: Any) -> list[dict[str, Any]]:
@@ -47,16 +44,15 @@ def param_groups(module: nn.Module, cfg: Any) -> list[dict[str, Any]]:
     Returns:
         ``[{"params": [...], "lr": float, "weight_decay": float}, ...]`` in first-seen order.
     """
-    depth_of = getattr(module, "param_depth", None)
-    top = int(getattr(module, "num_layers", 0)) + 1
+    top = int(module.num_layers) + 1
     groups: dict[tuple[float, float], list[nn.Parameter]] = {}
     for name, p in module.named_parameters():
         if not p.requires_grad:
             continue
         if _is_head(module, name) and cfg.head_learning_rate is not None:
             lr = cfg.head_learning_rate
-        elif callable(depth_of) and cfg.layerwise_lr_decay != 1.0:
-            lr = cfg.learning_rate * cfg.layerwise_lr_decay ** (top - depth_of(name))
+        elif cfg.layerwise_lr_decay != 1.0 and (depth := module.param_depth(name)) is not None:
+            lr = cfg.learning_rate * cfg.layerwise_lr_decay ** (top - depth)
         else:
             lr = cfg.learning_rate
         wd = 0.0 if any(s in name for s in cfg.no_decay) else cfg.weight_decay

@@ -96,7 +96,7 @@ def place(model: Any, cfg: Any) -> tuple[Any, Any, Any, int, int]:
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     module = model.to(device)
     wrapped = module
-    if world_size > 1 and getattr(module, "sparse_grad", False):
+    if world_size > 1 and module.sparse_grad:
         wrapped = SparseGradDDP(module)
     elif world_size > 1:
         wrapped = torch.nn.parallel.DistributedDataParallel(

@@ -328,7 +328,7 @@ class Trainer:
 
     def _batch(self, idx: np.ndarray) -> tuple[Batch, torch.Tensor]:
         """The objective's padded inputs and targets of the samples ``idx``."""
-        min_len = getattr(self.module, "min_len", 1)
+        min_len = self.module.min_len
         return self.objective.batch(self.data, idx, self.pad_id, min_len, self.device)
 
     def _autocast(self) -> Any:
