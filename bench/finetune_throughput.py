@@ -177,6 +177,7 @@ def xdpx_run(
     """
     from stages import train
     from xdpx.config import TrainConfig
+    from xdpx.models import with_model_defaults
     from xdpx.rundir import RunDir
 
     total = args.warmup + args.updates
@@ -200,6 +201,7 @@ def xdpx_run(
         precision=args.precision,
         seed=SEED,
     )
+    cfg = with_model_defaults(cfg)  # set-up fills them once, before the trainer
     with contextlib.redirect_stderr(io.StringIO()):  # the progress bar (logs still show)
         result = train.run(cfg)
     assert result.num_updates == total, result

@@ -42,7 +42,7 @@ from stages import fetch, prepro  # noqa: E402
 from xdpx.config import FetchConfig, PreproConfig, TrainConfig  # noqa: E402
 from xdpx.data import PreparedMeta, load_split  # noqa: E402
 from xdpx.inference import pad_batch  # noqa: E402
-from xdpx.models import build_model, model_config_from  # noqa: E402
+from xdpx.models import build_model, model_config_from, with_model_defaults  # noqa: E402
 from xdpx.train.sampling import epoch_order  # noqa: E402
 from xdpx.train.trainer import Trainer  # noqa: E402
 
@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 max_epoch=args.epochs,
                 tolerance=100,
             )
+            cfg = with_model_defaults(cfg)  # set-up fills them once, before the trainer
             mc = model_config_from(
                 cfg.model, cfg, meta.vocab_size, meta.num_labels, meta.pad_id, meta
             )

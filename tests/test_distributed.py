@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -267,3 +268,28 @@ def test_set_up_reads_meta_json_once_per_run(real_subset, tmp_path, monkeypatch,
     run = train(tmp_path, prepared, "once", 1, max_update=2, lazy_load=lazy)
     assert reads == [prepared]
     assert (run / "last" / "model.safetensors").exists()
+
+
+def test_set_up_fills_the_model_defaults_once_per_run(real_subset, tmp_path, monkeypatch):
+    """``xdpx train`` fills the model's defaults (``learning_rate``, ``loss``, ``optimizer``:
+    ``xdpx.models.with_model_defaults``) once, in set-up; the trainer receives the resolved
+    config and re-derives nothing (it refuses an unresolved one)."""
+    import xdpx.models
+    from xdpx.config import TrainConfig
+    from xdpx.train.trainer import Trainer
+
+    calls = []
+    original = xdpx.models.with_model_defaults
+
+    def counted(cfg):
+        calls.append(cfg.model)
+        return original(cfg)
+
+    for module in list(sys.modules.values()):  # every module that imported the function
+        if getattr(module, "with_model_defaults", None) is original:
+            monkeypatch.setattr(module, "with_model_defaults", counted)
+    _, prepared = real_subset
+    train(tmp_path, prepared, "defaults", 1, max_update=2)
+    assert calls == ["ngram_lr"]
+    with pytest.raises(ValueError, match=r"Trainer needs the model's defaults filled in \(learning_rate[^)]*unset\)"):  # fmt: skip
+        Trainer(None, TrainConfig(data_dir=prepared), [np.array([1, 2])], np.array([0]), None, None, "ngram_lr", {}, prepared)  # fmt: skip

@@ -124,9 +124,8 @@ def test_the_table_of_keys_read_by_the_trainer_matches_the_models():
     layer (not hf_mlm: task=mlm refuses adv)."""
     from xdpx.config import MODELS_WITHOUT_EMBEDDINGS
     from xdpx.model_configs import TRAINER_KEYS
-    from xdpx.train.optim import _is_head
-
     from xdpx.models.contract import ModelContract
+    from xdpx.train.optim import _is_head
 
     def offers(cls, method: str) -> bool:  # the family overrides the contract's default
         return getattr(cls, method) is not getattr(ModelContract, method)

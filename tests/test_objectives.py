@@ -14,7 +14,7 @@ from scipy.stats import pearsonr
 
 from xdpx.config import TrainConfig
 from xdpx.data import load_split
-from xdpx.models import build_model, model_config_from
+from xdpx.models import build_model, model_config_from, with_model_defaults
 from xdpx.train.callbacks import Callback
 from xdpx.train.objectives import Classification, Objective, build_objective
 from xdpx.train.trainer import StopTraining, Trainer
@@ -42,7 +42,9 @@ def _trainer(prepared: str, save_dir: Path, **kw) -> Trainer:
     objective = kw.pop("objective", None)
     callbacks = kw.pop("callbacks", ())
     num_labels = kw.pop("num_labels", None)
-    cfg = TrainConfig(data_dir=prepared, save_dir=str(save_dir), threads=1, **kw)
+    cfg = with_model_defaults(
+        TrainConfig(data_dir=prepared, save_dir=str(save_dir), threads=1, **kw)
+    )
     meta = json.loads(Path(prepared, "meta.json").read_text())
     train, dev = load_split(prepared, "train"), load_split(prepared, "dev")
     torch.manual_seed(cfg.seed)

@@ -105,6 +105,19 @@ def default_learning_rate(name: str) -> float:
     return float(MODELS[name].default_learning_rate)
 
 
+def require_model_defaults(train_cfg: Any) -> Any:
+    """``train_cfg`` itself, once its model defaults are filled in (:func:`with_model_defaults`
+    runs once per run, in set-up: ``xdpx.train.setup.resolve``; the trainer re-derives nothing).
+
+    Raises:
+        ValueError: ``learning_rate`` is null, or ``loss`` / ``optimizer`` is ``auto``.
+    """
+    unset = [k for k, v in (("learning_rate", train_cfg.learning_rate is None), ("loss", train_cfg.loss == "auto"), ("optimizer", train_cfg.optimizer == "auto")) if v]  # fmt: skip
+    if unset:
+        raise ValueError(f"Trainer needs the model's defaults filled in ({', '.join(unset)} unset): pass the config through xdpx.train.setup.resolve (or xdpx.models.with_model_defaults) first")  # fmt: skip
+    return train_cfg
+
+
 def with_model_defaults(train_cfg: Any) -> Any:
     """``train_cfg`` (a TrainConfig) with its model-dependent settings made concrete:
     ``learning_rate: null`` -> the model's :func:`default_learning_rate`; ``loss: auto`` ->
@@ -207,6 +220,7 @@ __all__ = [
     "input_names",
     "model_config_from",
     "with_model_defaults",
+    "require_model_defaults",
 ]
 
 

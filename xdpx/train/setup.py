@@ -152,7 +152,7 @@ def in_memory_trainer(data_dir: str, save_dir: str, **overrides: Any) -> Any:
     from xdpx.models import build_model, model_config_from
     from xdpx.train.trainer import Trainer
 
-    cfg = TrainConfig(data_dir=data_dir, save_dir=save_dir, **overrides)
+    cfg = with_model_defaults(TrainConfig(data_dir=data_dir, save_dir=save_dir, **overrides))
     meta = PreparedMeta.read(data_dir)
     train, dev = load_split(data_dir, "train"), load_split(data_dir, "dev")
     torch.manual_seed(cfg.seed)

@@ -43,7 +43,7 @@ from xdpx.checkpoint import save_checkpoint
 from xdpx.config import TrainConfig
 from xdpx.data.lazy import InMemoryData, LazySplit, TrainData
 from xdpx.inference import Batch, as_samples, call_model
-from xdpx.models import with_model_defaults
+from xdpx.models import require_model_defaults
 from xdpx.rundir import BEST, LAST, RunDir
 from xdpx.train import ddp, diagnosis, optim
 from xdpx.train.callbacks import Callback, CallbackList, OnEval
@@ -97,8 +97,10 @@ class Trainer:
     sparse gradients: :func:`xdpx.train.sampling.place`).
 
     Raises:
-        ValueError: empty training split, or ``auto_ga`` under DDP (one rank cannot change
-            its micro-batch alone).
+        ValueError: empty training split, ``auto_ga`` under DDP (one rank cannot change
+            its micro-batch alone), or a config whose model defaults are not filled in
+            (``learning_rate: null``, ``loss``/``optimizer: auto``: set-up,
+            :func:`xdpx.train.setup.resolve`, fills them once, before the trainer).
         ConfigError: the default objective cannot be built for this model
             (:func:`~xdpx.train.objectives.build_objective`).
     """
@@ -125,7 +127,7 @@ class Trainer:
         self.data = train_seqs
         if len(self.data) == 0:
             raise ValueError("training split is empty")
-        self.cfg = cfg = with_model_defaults(cfg)
+        self.cfg = cfg = require_model_defaults(cfg)  # filled once, in set-up
         if objective is None:
             num_labels = model_config.get("num_labels")
             objective = build_objective(cfg, model, self.data, num_labels, pad_id)
