@@ -44,15 +44,13 @@ from xdpx.distillation import (
     StudentsStep,
     TeacherStep,
     TransferStep,
+    decide as ship_rule,
     decision_markdown,
     load_plan,
     read_step_config,
     step_configs,
     write_copies_subset,
     write_step_configs,
-)
-from xdpx.distillation import (
-    decide as ship_rule,
 )
 from xdpx.rundir import RunDir
 

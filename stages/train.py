@@ -22,8 +22,8 @@ import torch.distributed as dist
 from xdpx import io, preflight
 from xdpx.checkpoint import (
     resolve_checkpoint,
+    resume_path as checkpoint_to_resume,
 )
-from xdpx.checkpoint import resume_path as checkpoint_to_resume
 from xdpx.config import TrainConfig
 from xdpx.data import PreparedMeta, load_split
 from xdpx.data.lazy import LazySplit, open_train_split

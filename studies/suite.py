@@ -67,6 +67,9 @@ from stages.registry import STAGES
 from studies.corpora import CORPORA, Corpus, materialize, redraw_without_test
 from studies.encoder_rows import (  # noqa: F401 - re-exported
     ENCODER_PRESETS,
+    _epoch_number as _epoch_number,
+    _lr_key as _lr_key,
+    _mean_of as _mean_of,
     corpus_prepro,
     encoder_row_from_run,
     pick_encoder_config,
@@ -75,44 +78,23 @@ from studies.encoder_rows import (  # noqa: F401 - re-exported
     score_encoder_row,
     summarize_encoder,
 )
-from studies.encoder_rows import (
-    _epoch_number as _epoch_number,
-)
-from studies.encoder_rows import (
-    _lr_key as _lr_key,
-)
-from studies.encoder_rows import (
-    _mean_of as _mean_of,
-)
 from studies.suite_report import (  # noqa: F401 - re-exported
     LEGACY_NOTE,
     TABLE_HEADER,
     TIME_PEER,
     TIME_PEER_PAIRS,
+    _corpus_summary as _corpus_summary,
+    _is_legacy_encoder as _is_legacy_encoder,
+    _pct as _pct,
+    _peer_cell as _peer_cell,
+    _result as _result,
+    _seconds as _seconds,
     format_table,
     legacy_encoder_runs,
     merge_results,
     student_entry,
     summarize,
     summarize_peers,
-)
-from studies.suite_report import (
-    _corpus_summary as _corpus_summary,
-)
-from studies.suite_report import (
-    _is_legacy_encoder as _is_legacy_encoder,
-)
-from studies.suite_report import (
-    _pct as _pct,
-)
-from studies.suite_report import (
-    _peer_cell as _peer_cell,
-)
-from studies.suite_report import (
-    _result as _result,
-)
-from studies.suite_report import (
-    _seconds as _seconds,
 )
 from xdpx import io
 from xdpx.baselines import SINGLE_PEERS, read_tsv, run_peers

@@ -10,24 +10,10 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from studies.encoder_rows import (  # noqa: F401 - re-exported
-    ENCODER_PRESETS,
-    corpus_prepro,
-    encoder_row_from_run,
-    pick_encoder_config,
-    resolve_encoder,
-    run_encoder_row,
-    score_encoder_row,
-    summarize_encoder,
-)
-from studies.encoder_rows import (
-    _epoch_number as _epoch_number,
-)
-from studies.encoder_rows import (
-    _lr_key as _lr_key,
-)
 from studies.encoder_rows import (
     _mean_of as _mean_of,
+    resolve_encoder,
+    summarize_encoder,
 )
 from xdpx import io
 from xdpx.distillation import kept_share

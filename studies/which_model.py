@@ -51,65 +51,37 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from studies.serving_reports import (
+from studies.serving_reports import (  # noqa: F401 - some re-exported
     SERVE_ENCODER,
     SERVE_LOAD,
     SERVE_LOAD_CORPUS,
+    _best_served as _best_served,
+    _encoder_serving as _encoder_serving,
+    _number as _number,
+    _pct as _pct,
+    _read_json as _read_json,
+    _variants as _variants,
     read_serve_encoder,
     read_serve_load,
 )
-from studies.serving_reports import (  # noqa: F401 - some re-exported
-    _best_served as _best_served,
-)
-from studies.serving_reports import (
-    _encoder_serving as _encoder_serving,
-)
-from studies.serving_reports import (
-    _number as _number,
-)
-from studies.serving_reports import (
-    _pct as _pct,
-)
-from studies.serving_reports import (
-    _read_json as _read_json,
-)
-from studies.serving_reports import (
-    _variants as _variants,
-)
-from studies.which_model_plots import (
-    _NOT_ROWS as _NOT_ROWS,
-)
-from studies.which_model_plots import (
-    _STYLE as _STYLE,
-)
 from studies.which_model_plots import (  # noqa: F401 - some re-exported
+    _NOT_ROWS as _NOT_ROWS,
+    _STYLE as _STYLE,
     IMG_DIR,
     PLOT_DATA_KEY,
     CorpusPlot,
     PlotPoint,
     WhichModelSection,
+    _own_serving as _own_serving,
+    _place_labels as _place_labels,
+    _point as _point,
+    _row_label as _row_label,
+    _row_serving as _row_serving,
+    _test_size as _test_size,
     plot_file,
     which_model_figure,
     which_model_points,
     write_which_model_plots,
-)
-from studies.which_model_plots import (
-    _own_serving as _own_serving,
-)
-from studies.which_model_plots import (
-    _place_labels as _place_labels,
-)
-from studies.which_model_plots import (
-    _point as _point,
-)
-from studies.which_model_plots import (
-    _row_label as _row_label,
-)
-from studies.which_model_plots import (
-    _row_serving as _row_serving,
-)
-from studies.which_model_plots import (
-    _test_size as _test_size,
 )
 from xdpx import io
 

@@ -15,26 +15,12 @@ from studies.serving_reports import (
     SERVE_ENCODER,
     SERVE_LOAD,
     SERVE_LOAD_CORPUS,
+    _encoder_serving as _encoder_serving,
+    _number as _number,
+    _pct as _pct,
+    _variants as _variants,
     read_serve_encoder,
     read_serve_load,
-)
-from studies.serving_reports import (
-    _best_served as _best_served,
-)
-from studies.serving_reports import (
-    _encoder_serving as _encoder_serving,
-)
-from studies.serving_reports import (
-    _number as _number,
-)
-from studies.serving_reports import (
-    _pct as _pct,
-)
-from studies.serving_reports import (
-    _read_json as _read_json,
-)
-from studies.serving_reports import (
-    _variants as _variants,
 )
 from xdpx import io
 

@@ -262,10 +262,8 @@ def test_adapted_minilm_is_accepted_for_fine_tuning(tmp_path):
     BertForMaskedLM does not have); prepro and hf_classifier take it like the original."""
     from safetensors.torch import load_file
 
-    from stages import fetch, prepro
-    from stages import train as train_stage
-    from xdpx.config import FetchConfig, PreproConfig
-    from xdpx.config import load_params as lp
+    from stages import fetch, prepro, train as train_stage
+    from xdpx.config import FetchConfig, PreproConfig, load_params as lp
     from xdpx.pretrained import resolve_pretrained
 
     raw, data = str(tmp_path / "raw"), str(tmp_path / "data")
@@ -305,10 +303,8 @@ def test_adapted_minilm_is_accepted_for_fine_tuning(tmp_path):
 
 @pytest.mark.integration
 def test_evaluate_predict_export_refuse_an_mlm_checkpoint_naming_the_fix(real_subset, tmp_path):
-    from stages import evaluate, export, predict
-    from stages import train as train_stage
-    from xdpx.config import EvaluateConfig, ExportConfig, PredictConfig
-    from xdpx.config import load_params as lp
+    from stages import evaluate, export, predict, train as train_stage
+    from xdpx.config import EvaluateConfig, ExportConfig, PredictConfig, load_params as lp
 
     raw, prepared = real_subset
     run = tmp_path / "mlm"

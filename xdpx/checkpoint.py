@@ -40,8 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
+from safetensors.torch import load as st_load, save as st_save
 from torch import nn
 
 from xdpx import io, preflight

@@ -68,10 +68,8 @@ from xdpx.config import (
 )
 from xdpx.data import DataError
 from xdpx.rundir import RunDir
-from xdpx.ship_rule import (
-    _fmt as _fmt,
-)
 from xdpx.ship_rule import (  # noqa: F401 - re-exported
+    _fmt as _fmt,
     decide,
     decision_markdown,
     kept_share,

@@ -42,18 +42,8 @@ Batch = torch.Tensor | tuple[torch.Tensor, ...]
 
 
 def pad_batch(seqs: Sequence[Sample], pad_id: int = 0, min_len: int = 1) -> Batch:
-    """Right-pad variable-length id sequences into one tensor (a tuple of tensors for pairs).
-
-    Args:
-        seqs: ``batch`` samples: int arrays of token ids, or tuples of them (pairs).
-        pad_id: id used for padding.
-        min_len: pad to at least this length (e.g. TextCNN's widest filter); for
-            pairs, each input is padded to at least this length.
-
-    Returns:
-        ``[batch, max(max_len_in_batch, min_len)]`` int64 tensor; for tuple samples,
-        a tuple with one such tensor per input, each as wide as its own longest row.
-    """
+    """:func:`xdpx.batching.pad_ids` as torch tensors: ``[batch, max(longest, min_len)]``
+    int64 (a tuple of them, one per input, for pair samples)."""
     x = pad_ids(seqs, pad_id, min_len)
     return tuple(torch.from_numpy(t) for t in x) if isinstance(x, tuple) else torch.from_numpy(x)
 

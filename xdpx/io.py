@@ -66,6 +66,8 @@ from tqdm.auto import tqdm
 
 from xdpx.localfs import (  # noqa: F401 - re-exported
     PROGRESS_BYTES,
+    _local_tmp as _local_tmp,
+    _progress as _progress,
     cache_dir,
     dir_mode,
     file_mode,
@@ -73,70 +75,30 @@ from xdpx.localfs import (  # noqa: F401 - re-exported
     mkstemp,
     umask,
 )
-from xdpx.localfs import (
-    _local_tmp as _local_tmp,
-)
-from xdpx.localfs import (
-    _progress as _progress,
-)
 from xdpx.remote import (  # noqa: F401 - re-exported
     _FILESYSTEMS as _FILESYSTEMS,
-)
-from xdpx.remote import (
     _LOCK as _LOCK,
-)
-from xdpx.remote import (
     _SECRETS as _SECRETS,
-)
-from xdpx.remote import (
     _STAGE as _STAGE,
-)
-from xdpx.remote import (
     _THREAD as _THREAD,
-)
-from xdpx.remote import (
     RetryPolicy,
+    _call as _call,
+    _check_url as _check_url,
+    _first_line as _first_line,
+    _oss_settings as _oss_settings,
+    _ossutil_profile as _ossutil_profile,
+    _protocols as _protocols,
+    _redact as _redact,
+    _remote_fs as _remote_fs,
+    _s3_settings as _s3_settings,
+    _Settings as _Settings,
+    _settings as _settings,
+    _url as _url,
     fs_of,
     is_local,
     is_remote,
     retry,
     stage,
-)
-from xdpx.remote import (
-    _call as _call,
-)
-from xdpx.remote import (
-    _check_url as _check_url,
-)
-from xdpx.remote import (
-    _first_line as _first_line,
-)
-from xdpx.remote import (
-    _oss_settings as _oss_settings,
-)
-from xdpx.remote import (
-    _ossutil_profile as _ossutil_profile,
-)
-from xdpx.remote import (
-    _protocols as _protocols,
-)
-from xdpx.remote import (
-    _redact as _redact,
-)
-from xdpx.remote import (
-    _remote_fs as _remote_fs,
-)
-from xdpx.remote import (
-    _s3_settings as _s3_settings,
-)
-from xdpx.remote import (
-    _Settings as _Settings,
-)
-from xdpx.remote import (
-    _settings as _settings,
-)
-from xdpx.remote import (
-    _url as _url,
 )
 from xdpx.retry import is_transient
 

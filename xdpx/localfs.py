@@ -9,58 +9,6 @@ import tempfile
 
 from fsspec.callbacks import TqdmCallback
 
-from xdpx.remote import (  # noqa: F401 - re-exported
-    _FILESYSTEMS as _FILESYSTEMS,
-)
-from xdpx.remote import (
-    _LOCK as _LOCK,
-)
-from xdpx.remote import (
-    _SECRETS as _SECRETS,
-)
-from xdpx.remote import (
-    _STAGE as _STAGE,
-)
-from xdpx.remote import (
-    _THREAD as _THREAD,
-)
-from xdpx.remote import (
-    _call as _call,
-)
-from xdpx.remote import (
-    _check_url as _check_url,
-)
-from xdpx.remote import (
-    _first_line as _first_line,
-)
-from xdpx.remote import (
-    _oss_settings as _oss_settings,
-)
-from xdpx.remote import (
-    _ossutil_profile as _ossutil_profile,
-)
-from xdpx.remote import (
-    _protocols as _protocols,
-)
-from xdpx.remote import (
-    _redact as _redact,
-)
-from xdpx.remote import (
-    _remote_fs as _remote_fs,
-)
-from xdpx.remote import (
-    _s3_settings as _s3_settings,
-)
-from xdpx.remote import (
-    _Settings as _Settings,
-)
-from xdpx.remote import (
-    _settings as _settings,
-)
-from xdpx.remote import (
-    _url as _url,
-)
-
 #: Transfers from this size up show a progress bar (bytes).
 PROGRESS_BYTES = 32 * 1024 * 1024
 

@@ -80,40 +80,18 @@ from xdpx.pretrained import (
     resolve_pretrained,
     trimmed_dir,
 )
-from xdpx.trim_tokenizer import (
-    _config_token_ids as _config_token_ids,
-)
-from xdpx.trim_tokenizer import (
-    _corpus_scripts as _corpus_scripts,
-)
 from xdpx.trim_tokenizer import (  # noqa: F401 - re-exported
+    _config_token_ids as _config_token_ids,
+    _corpus_scripts as _corpus_scripts,
     _count_changed as _count_changed,
-)
-from xdpx.trim_tokenizer import (
     _encode_all as _encode_all,
-)
-from xdpx.trim_tokenizer import (
     _load_backend as _load_backend,
-)
-from xdpx.trim_tokenizer import (
     _remap_config as _remap_config,
-)
-from xdpx.trim_tokenizer import (
     _remap_spec as _remap_spec,
-)
-from xdpx.trim_tokenizer import (
     _script as _script,
-)
-from xdpx.trim_tokenizer import (
     _special_ids as _special_ids,
-)
-from xdpx.trim_tokenizer import (
     _wordpiece_trace as _wordpiece_trace,
-)
-from xdpx.trim_tokenizer import (
     _words as _words,
-)
-from xdpx.trim_tokenizer import (
     compare_segmentation,
 )
 

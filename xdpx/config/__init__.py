@@ -20,41 +20,23 @@ from __future__ import annotations
 from xdpx.config.argv import (
     OUTPUT_KEYS,
     StageArgs,
+    _grid_label as _grid_label,
+    _suffixed as _suffixed,
     load_stage_configs,
     render_tree,
     stage_argv,
 )
-from xdpx.config.argv import (
-    _grid_label as _grid_label,
-)
-from xdpx.config.argv import (
-    _suffixed as _suffixed,
-)
 from xdpx.config.base import (
     ConfigError,
-)
-from xdpx.config.base import (
     _Section as _Section,
 )
 from xdpx.config.loading import (
     _REF as _REF,
-)
-from xdpx.config.loading import (
     _check_keys as _check_keys,
-)
-from xdpx.config.loading import (
     _deep_merge as _deep_merge,
-)
-from xdpx.config.loading import (
     _format_validation_error as _format_validation_error,
-)
-from xdpx.config.loading import (
     _resolve_refs as _resolve_refs,
-)
-from xdpx.config.loading import (
     _suggest as _suggest,
-)
-from xdpx.config.loading import (
     apply_overrides,
     build_section,
     dump_yaml,

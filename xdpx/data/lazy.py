@@ -38,11 +38,11 @@ from xdpx.data.shards import (
     SplitData,
     flat_column,
     label_array,
+    load_split as _load_split,  # open_train_split
     sample_lengths,
     split_flat,
     split_shards,
 )
-from xdpx.data.shards import load_split as _load_split  # open_train_split
 
 __all__ = ["TrainData", "InMemoryData", "LazyData", "LazySplit", "open_train_split"]
 

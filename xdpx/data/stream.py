@@ -45,11 +45,9 @@ from xdpx.data.transliterate import make_transliterator
 from xdpx.data.vocab import Vocab
 from xdpx.data.workers import (  # noqa: F401 - re-exported
     EncoderSpec,
+    _cached as _cached,
     ordered_map,
     worker_pool,
-)
-from xdpx.data.workers import (
-    _cached as _cached,
 )
 
 __all__ = [

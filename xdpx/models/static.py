@@ -74,13 +74,9 @@ from torch import nn
 
 from xdpx.models.contract import ModelContract
 from xdpx.models.hf import pair_token_type_ids
-from xdpx.models.static_vectors import (
-    _CLS as _CLS,
-)
-from xdpx.models.static_vectors import (
-    _SEP as _SEP,
-)
 from xdpx.models.static_vectors import (  # noqa: F401 - re-exported
+    _CLS as _CLS,
+    _SEP as _SEP,
     SIF_A,
     SPECIAL_TOKENS,
     UNUSED,
@@ -88,6 +84,9 @@ from xdpx.models.static_vectors import (  # noqa: F401 - re-exported
     ZIPF_A,
     Pool,
     Weighting,
+    _checkpoint_dir as _checkpoint_dir,
+    _find as _find,
+    _hidden_size as _hidden_size,
     encode_pieces,
     load_encoder,
     load_vectors,
@@ -95,15 +94,6 @@ from xdpx.models.static_vectors import (  # noqa: F401 - re-exported
     piece_weights,
     save_vectors,
     static_vectors,
-)
-from xdpx.models.static_vectors import (
-    _checkpoint_dir as _checkpoint_dir,
-)
-from xdpx.models.static_vectors import (
-    _find as _find,
-)
-from xdpx.models.static_vectors import (
-    _hidden_size as _hidden_size,
 )
 
 log = logging.getLogger("xdpx.models.static")
