@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from stages import evaluate, train
     from stages.distill import copies_dir, gold_dir, student_train_file
     from xdpx import io
-    from xdpx.distillation import kept_share, read_step_config
+    from xdpx.distill.plan import kept_share, read_step_config
 
     students = read_step_config(args.configs, "students")
     decide = read_step_config(args.configs, "decide")

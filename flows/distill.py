@@ -4,7 +4,7 @@
 The same steps as ``dvc repro distill/dvc.yaml``, in the same order, through the same
 functions (``stages.distill.STEP_FUNCTIONS``): the ``configs`` task resolves
 ``distill/params.yaml`` into one config per step under its ``configs_dir`` and every later
-task reads its own (:func:`xdpx.distillation.read_step_config`), exactly as the DVC stage's
+task reads its own (:func:`xdpx.distill.plan.read_step_config`), exactly as the DVC stage's
 command does, so the two orchestrators cannot drift. Steps: configs -> teacher (prepro +
 train) -> transfer (build) -> label (teacher logits, resumable) -> students (the student
 config on the gold labels alone, then the grid) -> decide (teacher, alone and the best
@@ -32,7 +32,7 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.pipeline import StageError, _artifact_key
 from xdpx.config import ConfigError
-from xdpx.distillation import PLAN_FILE, STEPS, decision_markdown, load_plan, read_step_config
+from xdpx.distill.plan import PLAN_FILE, STEPS, decision_markdown, load_plan, read_step_config
 from xdpx.rundir import RunDir
 
 __all__ = ["xdpx_distill", "publish_decision", "main"]

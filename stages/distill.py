@@ -4,7 +4,7 @@
 Not a registry stage (a run built on the stages, like ``xdpx cv``): ``distill/dvc.yaml``
 runs ``python -m stages.distill <step> <configs_dir>`` and ``flows/distill.py`` calls the
 same functions with the same config objects, so the two orchestrators cannot drift. The
-plan (params, step configs, k-copy subsets, ship rule) is :mod:`xdpx.distillation`.
+plan (params, step configs, k-copy subsets, ship rule) is :mod:`xdpx.distill.plan`.
 
 Each step's outputs (paths from ``distill/params.yaml``, through its step config):
 
@@ -13,7 +13,7 @@ Each step's outputs (paths from ``distill/params.yaml``, through its step config
 * ``transfer``: ``transfer.out_file``; ``label``: ``transfer.labelled_file``;
 * ``students``: ``<student.data_dir>/{gold,k<k>}/`` (prepared data; ``k<k>-subset/labelled.tsv``,
   the subset, when k is below the built copies) and ``<student.save_dir>/{alone,<point>}/``
-  (runs; :attr:`xdpx.distillation.GridPoint.name`), ``<student.save_dir>/grid.json``;
+  (runs; :attr:`xdpx.distill.plan.GridPoint.name`), ``<student.save_dir>/grid.json``;
 * ``decide``: ``<report_dir>/{decision.json, decision.md, teacher.json, alone.json,
   student.json}`` (+ their confusion and curve PNGs);
 * ``export``: ``ship_dir``: the shipped model's ONNX export and a copy of ``decision.json``.
@@ -35,7 +35,7 @@ from pydantic import BaseModel
 
 from xdpx import io
 from xdpx.config import ConfigError
-from xdpx.distillation import (
+from xdpx.distill.plan import (
     PLAN_FILE,
     STEPS,
     DecideStep,
@@ -85,7 +85,7 @@ def configs(
     plan_file: str = PLAN_FILE, overrides: list[str] | tuple[str, ...] = ()
 ) -> dict[str, Any]:
     """Step ``configs``: resolve ``plan_file`` + overrides and write one config per later step
-    under its ``configs_dir`` (:func:`xdpx.distillation.step_configs`).
+    under its ``configs_dir`` (:func:`xdpx.distill.plan.step_configs`).
 
     Returns:
         ``{"configs_dir": ..., "files": [...]}``.
@@ -112,15 +112,15 @@ def teacher(cfg: TeacherStep) -> dict[str, Any]:
 
 
 def transfer(cfg: TransferStep) -> dict[str, Any]:
-    """Step ``transfer``: :func:`xdpx.train.transfer.build_transfer_set` (streamed)."""
-    from xdpx.train.transfer import build_transfer_set
+    """Step ``transfer``: :func:`xdpx.distill.transfer.build_transfer_set` (streamed)."""
+    from xdpx.distill.transfer import build_transfer_set
 
     return _result(build_transfer_set(cfg.distill, cfg.prepro))
 
 
 def label(cfg: LabelStep) -> dict[str, Any]:
-    """Step ``label``: :func:`xdpx.train.transfer.label_transfer_set` (resumable)."""
-    from xdpx.train.transfer import label_transfer_set
+    """Step ``label``: :func:`xdpx.distill.transfer.label_transfer_set` (resumable)."""
+    from xdpx.distill.transfer import label_transfer_set
 
     return _result(label_transfer_set(cfg.distill))
 
@@ -167,7 +167,7 @@ def _best_epoch(run: str, best_update: int | None) -> int | None:
 def students(cfg: StudentsStep) -> dict[str, Any]:
     """Step ``students``: prepro + train of the student config on the gold train split
     (run ``alone``), then, for each k of the grid, prepro of the labelled transfer set cut
-    to k copies per text (:func:`xdpx.distillation.write_copies_subset`) as the train split
+    to k copies per text (:func:`xdpx.distill.plan.write_copies_subset`) as the train split
     (dev and test: the raw ones), and one run per grid point on it with
     ``distill_from`` = that file. Each run keeps its best-of-dev checkpoint (the epochs
     chosen on its per-epoch dev curve). Writes ``<save_dir>/grid.json``.
@@ -295,7 +295,7 @@ def paired_rows(a: Any, b: Any, metric: str) -> dict[str, dict[str, Any]]:
 def decide(cfg: DecideStep) -> dict[str, Any]:
     """Step ``decide``: evaluate the teacher, ``alone`` and the best grid point on dev and
     test (``stages.evaluate``), compare student and teacher with alone text by text
-    (:func:`paired_rows`), apply the ship rule (:func:`xdpx.distillation.decide`: on dev
+    (:func:`paired_rows`), apply the ship rule (:func:`xdpx.distill.plan.decide`: on dev
     only, by more than the paired SE) and write ``decision.json`` and ``decision.md`` into
     ``report_dir``.
 
@@ -366,21 +366,21 @@ def export(cfg: ExportStep) -> dict[str, Any]:
     return {"shipped": decision["shipped"], "run": decision["run"], "export": result}
 
 
-#: step -> the modules it runs besides this one's top-level imports (``xdpx.distillation``,
+#: step -> the modules it runs besides this one's top-level imports (``xdpx.distill.plan``,
 #: ``xdpx.rundir``, ``xdpx.stage``): ``distill/dvc.yaml`` lists the import closure of both as
 #: the step's code deps (tests/test_distill_pipeline.py checks it), so a change to export's
 #: code re-runs the export step and not the teacher's training.
 STEP_MODULES = {
     "configs": (),
     "teacher": ("stages.prepro", "stages.train"),
-    "transfer": ("xdpx.train.transfer",),
-    "label": ("xdpx.train.transfer", "xdpx.checkpoint", "xdpx.inference"),
+    "transfer": ("xdpx.distill.transfer",),
+    "label": ("xdpx.distill.transfer", "xdpx.checkpoint", "xdpx.inference"),
     "students": ("stages.prepro", "stages.train"),
     "decide": ("stages.evaluate",),
     "export": ("stages.export",),
 }
 #: The modules every step imports (this module's top level and ``main``).
-BASE_MODULES = ("stages.distill", "xdpx.distillation", "xdpx.rundir", "xdpx.stage")
+BASE_MODULES = ("stages.distill", "xdpx.distill.plan", "xdpx.rundir", "xdpx.stage")
 
 #: step -> its function (``configs`` takes the plan file and overrides, the others their
 #: step config).

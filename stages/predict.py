@@ -5,7 +5,7 @@ columns, tokenizer, vocab, max_len come from the checkpoint's ``meta.json``).
 Output TSV columns: the input columns (``concat_origin``), then ``pred_label``
 and one ``prob_<label>`` column per class (a regression checkpoint,
 ``prepro.label_type: score``: one ``score`` column). With ``distill=true`` the output is
-a teacher file for ``train.distill_from`` (see :mod:`xdpx.train.distill`): ``id``
+a teacher file for ``train.distill_from`` (see :mod:`xdpx.distill.teacher`): ``id``
 and the text column(s) first, csv quoting, and ``prob_<label>`` plus
 ``logit_<label>`` at full float32 precision.
 """
@@ -23,10 +23,10 @@ from xdpx.checkpoint import beside_checkpoint, check_reader, load_checkpoint
 from xdpx.config import ConfigError, PredictConfig, PreproConfig
 from xdpx.data import DataError, Encoder, PreparedMeta, read_examples
 from xdpx.data.readers import iter_examples
+from xdpx.distill.teacher import teacher_rows
 from xdpx.inference import as_samples, format_probs, predict_logits, probs_from_logits
 from xdpx.rundir import of_checkpoint, unalias
 from xdpx.stage import stage_main
-from xdpx.train.distill import teacher_rows
 
 log = logging.getLogger("xdpx.predict")
 

@@ -27,13 +27,13 @@ from xdpx.checkpoint import (
 from xdpx.config import TrainConfig
 from xdpx.data import PreparedMeta, load_split
 from xdpx.data.lazy import LazySplit, open_train_split
+from xdpx.distill.teacher import load_teacher
 from xdpx.doctor.checklist import preflight_doctor
 from xdpx.inference import as_samples
 from xdpx.pretrained import report_loading
 from xdpx.rundir import RunDir
 from xdpx.stage import stage_main
 from xdpx.train.bundle import finish_run_info, write_bundle
-from xdpx.train.distill import load_teacher
 from xdpx.train.launch import init_distributed, relaunch_if_asked
 from xdpx.train.mlm import write_pretrained
 from xdpx.train.objectives import build_objective
@@ -87,7 +87,7 @@ def run(
         CheckpointError: the checkpoint to resume from is missing, partial or corrupt.
         ValueError: the checkpoint was trained with an incompatible config.
         DataError: ``distill_from`` is unreadable or not aligned with the training split
-            (``xdpx.train.distill.load_teacher``: names the file and line).
+            (``xdpx.distill.teacher.load_teacher``: names the file and line).
         PreflightError: ``preflight_doctor`` is on and a check failed (nothing written).
     """
     setup = check(cfg)

@@ -16,7 +16,7 @@ from studies.encoder_rows import (
     summarize_encoder,
 )
 from xdpx import io
-from xdpx.distillation import kept_share
+from xdpx.distill.plan import kept_share
 
 #: The peer whose time the table sets beside xdpx's prepro + train (single texts, pairs).
 TIME_PEER, TIME_PEER_PAIRS = "svm", "pair"

@@ -15,7 +15,7 @@ from test_trainer import make_trainer, params_of
 from stages import predict, train
 from xdpx.config import ConfigError, PredictConfig, TrainConfig, load_params
 from xdpx.data import DataError, load_split
-from xdpx.train.distill import (
+from xdpx.distill.teacher import (
     distill_kl,
     distill_loss,
     load_teacher_logits,

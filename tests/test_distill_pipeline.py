@@ -1,5 +1,5 @@
 """The teacher -> student distillation pipeline (distill/dvc.yaml, flows/distill.py,
-stages/distill.py, xdpx/distillation.py): `dvc repro distill/dvc.yaml` end to end and a
+stages/distill.py, xdpx/distill/plan.py): `dvc repro distill/dvc.yaml` end to end and a
 no-op second repro, the Prefect flow with its decision artifact, the k-copy subsets and the
 ship rule. The transfer set's streaming (chunk_rows 7 < the rows) and the resumed labelling
 are tests/test_transfer.py's.
@@ -139,7 +139,7 @@ def test_the_flow_runs_the_same_steps_and_publishes_the_decision(repro, prefect_
     from prefect.artifacts import Artifact
 
     from flows.distill import xdpx_distill
-    from xdpx.distillation import STEPS
+    from xdpx.distill.plan import STEPS
 
     root, env, _, _ = repro
     monkeypatch.chdir(root)
@@ -177,7 +177,7 @@ def test_a_first_xdpx_distill_prints_no_error(repro, tmp_path):
 @pytest.mark.unit
 @pytest.mark.parametrize("student_dev, shipped", [(0.80, "student"), (0.75, "alone")])
 def test_the_ship_rule_ships_the_student_only_above_the_ngram_alone_on_dev(student_dev, shipped):
-    from xdpx.distillation import decide, decision_markdown
+    from xdpx.distill.plan import decide, decision_markdown
 
     def m(dev, test):
         return {"dev": {"accuracy": dev}, "test": {"accuracy": test}}
@@ -211,7 +211,7 @@ def test_the_ship_rule_ships_the_student_only_above_the_ngram_alone_on_dev(stude
 
 @pytest.mark.unit
 def test_a_copies_subset_is_the_per_text_prefix_of_the_copies(tmp_path):
-    from xdpx.distillation import write_copies_subset
+    from xdpx.distill.plan import write_copies_subset
 
     rows = ["id\ttext\tlabel\torigin\tgold"]
     texts = [("t0", "train"), ("t1", "train")]
@@ -238,7 +238,7 @@ def test_every_step_of_distill_dvc_yaml_lists_its_code_and_reads_only_its_config
     import functools
 
     from stages.distill import BASE_MODULES, STEP_MODULES
-    from xdpx.distillation import STEPS
+    from xdpx.distill.plan import STEPS
 
     # each file parsed once for the 9 closures (they share most files)
     cached = functools.lru_cache(maxsize=None)(import_closure.imported_names)
@@ -265,7 +265,7 @@ def test_every_step_of_distill_dvc_yaml_lists_its_code_and_reads_only_its_config
 @pytest.mark.unit
 def test_a_params_file_outside_the_configs_deps_is_refused(tmp_path, monkeypatch):
     from xdpx.config import ConfigError
-    from xdpx.distillation import load_plan, step_configs
+    from xdpx.distill.plan import load_plan, step_configs
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "mine.yaml").write_text("train: {max_epoch: 1}\n")
@@ -281,7 +281,7 @@ def test_overrides_reach_top_level_and_nested_plan_keys():
     """`xdpx distill raw=DIR report_dir=DIR grid.copies=[1,3] "teacher.overrides=[...]"`: the
     plan's top-level keys take an override as its sections' keys do."""
     from xdpx.config import ConfigError
-    from xdpx.distillation import load_plan
+    from xdpx.distill.plan import load_plan
 
     plan = load_plan(str(ROOT / "distill" / "params.yaml"), [
         "raw=/data/stsb", "report_dir=reports/distill-stsb", "grid.copies=[1, 3]",
@@ -295,7 +295,7 @@ def test_overrides_reach_top_level_and_nested_plan_keys():
 
 @pytest.mark.unit
 def test_the_transformer_students_preset_starts_from_the_teacher_against_the_ngram(monkeypatch):
-    from xdpx.distillation import load_plan, step_configs
+    from xdpx.distill.plan import load_plan, step_configs
 
     monkeypatch.chdir(ROOT)
     preset = "distill/transformer-students.yaml"

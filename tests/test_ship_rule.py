@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from xdpx.distillation import decide
+from xdpx.distill.plan import decide
 from xdpx.metrics import paired_comparison
 
 pytestmark = pytest.mark.unit

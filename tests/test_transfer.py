@@ -1,4 +1,4 @@
-"""The distillation transfer set (xdpx.train.transfer): streaming build, resumable teacher
+"""The distillation transfer set (xdpx.distill.transfer): streaming build, resumable teacher
 labelling, and a student trained on gold labels where they exist and the KL term elsewhere."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from studies.corpora import package_file, read_stsb
 from xdpx.config import DistillConfig, PredictConfig, PreproConfig, TrainConfig
 from xdpx.data import DataError, load_split
 from xdpx.data.augment import Augmenter, neighbour_pairs
-from xdpx.train.distill import load_teacher
+from xdpx.distill.teacher import load_teacher
+from xdpx.distill.transfer import _transfer_chunks, build_transfer_set, label_transfer_set, main
 from xdpx.train.objectives import Distillation, build_objective
-from xdpx.train.transfer import _transfer_chunks, build_transfer_set, label_transfer_set, main
 
 
 def _read(path: str) -> pd.DataFrame:
@@ -46,7 +46,7 @@ def test_transfer_set_streams_and_holds_train_then_copies_then_unlabelled(small)
         train_file=str(small / "train.tsv"), unlabelled=str(small / "unl"), augment_copies=2,
         out_file=str(small / "t-whole.tsv"),
     )  # fmt: skip
-    whole = main(  # the command line: python -m xdpx.train.transfer build ...
+    whole = main(  # the command line: python -m xdpx.distill.transfer build ...
         ["build", "--params", str(small / "absent.yaml"), f"prepro.data_source={small}",
          f"unlabelled={small / 'unl'}", "augment_copies=2", f"out_file={cfg.out_file}"]
     )  # fmt: skip

@@ -81,7 +81,7 @@ def project(real_subset, tmp_path_factory):
 def pipeline(project):
     """Every step of the plan run in-process: ``(root, step configs, grid.json, decision)``."""
     from stages import distill
-    from xdpx.distillation import read_step_config
+    from xdpx.distill.plan import read_step_config
 
     cwd = os.getcwd()
     os.chdir(project)
@@ -165,7 +165,7 @@ def test_the_ship_rule_compares_the_student_with_the_baseline_text_by_text(pipel
 
 def test_a_non_transformer_student_cannot_take_layers_or_the_teacher(project, monkeypatch):
     from xdpx.config import ConfigError
-    from xdpx.distillation import load_plan, step_configs
+    from xdpx.distill.plan import load_plan, step_configs
 
     monkeypatch.chdir(project)
     plan = load_plan("distill/params.yaml", ["student.params=params.yaml"])

@@ -446,7 +446,7 @@ def distill(
 
     from flows.distill import xdpx_distill
     from flows.pipeline import StageError
-    from xdpx.distillation import decision_markdown
+    from xdpx.distill.plan import decision_markdown
 
     logging.basicConfig(level=logging.WARNING)
     with _user_errors():

@@ -256,7 +256,7 @@ class CVConfig(_Section):
 class DistillConfig(_Section):
     """``distill``: a distillation transfer set and its teacher labels (Tang et al. 2019).
 
-    Not a DAG stage: ``python -m xdpx.train.transfer build|label`` (docs/trainer.md,
+    Not a DAG stage: ``python -m xdpx.distill.transfer build|label`` (docs/trainer.md,
     distillation). ``build`` writes ``out_file``: the train file's rows, then
     ``augment_copies`` augmented copies of each (:mod:`xdpx.data.augment`), then (pair
     tasks) ``pair_neighbours`` recombined pairs per side of each train pair, then the
@@ -359,7 +359,7 @@ SECTIONS: dict[str, type[_Section]] = {
     "distill": DistillConfig,
 }
 #: Sections that are not DAG stages (no dvc.yaml stage, no ``stages.registry.STAGES`` entry):
-#: runs built on the stages, e.g. ``cv`` (``xdpx cv``), ``distill`` (``xdpx.train.transfer``).
+#: runs built on the stages, e.g. ``cv`` (``xdpx cv``), ``distill`` (``xdpx.distill.transfer``).
 RUN_SECTIONS = ("cv", "distill")
 
 

@@ -36,6 +36,7 @@ from torch import nn
 
 from xdpx import log as xlog
 from xdpx.data.lazy import TrainData
+from xdpx.distill.teacher import distill_loss
 from xdpx.inference import (
     Batch,
     pad_batch,
@@ -45,7 +46,6 @@ from xdpx.inference import (
 )
 from xdpx.metrics import classification_metrics, regression_metrics
 from xdpx.train.adversarial import FreeLB, rng_state, set_rng_state
-from xdpx.train.distill import distill_loss
 from xdpx.train.losses import resolve_class_weight, training_loss
 from xdpx.train.mlm import IGNORE_INDEX, MaskedLM, evaluate_mlm, mlm_loss, pad_masked
 
@@ -151,14 +151,14 @@ class Classification(Objective):
 
 
 class Distillation(Classification):
-    """Hinton et al.'s distillation (:func:`xdpx.train.distill.distill_loss`, ``train.distill_alpha``
+    """Hinton et al.'s distillation (:func:`xdpx.distill.teacher.distill_loss`, ``train.distill_alpha``
     and ``distill_temperature``) against the teacher's logits of each training sample; its
     parts go to the ``distill_ce`` / ``distill_kl`` summaries (per-sample means).
 
     Args:
         cfg: the ``train`` section.
         teacher_logits: ``[n_train, num_labels]``, row ``i`` for sample id ``i``
-            (:func:`xdpx.train.distill.load_teacher`).
+            (:func:`xdpx.distill.teacher.load_teacher`).
         n: training samples.
         gold: ``[n_train]`` bool, False for a sample without a gold label (a transfer-set
             row labelled by the teacher alone: KL term only); None = all gold.

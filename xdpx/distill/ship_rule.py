@@ -1,7 +1,7 @@
 """The ship rule of distillation (:func:`decide`): a student ships only when its dev lead over the
 reference (the student's architecture alone, or the plan's baseline) is above zero and above
 one paired standard error; the same comparison on test and for the teacher, the share of the
-teacher's gain kept, and the decision as markdown. :mod:`xdpx.distillation` re-exports it."""
+teacher's gain kept, and the decision as markdown. :mod:`xdpx.distill.plan` re-exports it."""
 
 from __future__ import annotations
 

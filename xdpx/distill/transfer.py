@@ -6,9 +6,9 @@ augmenting them (:mod:`xdpx.data.augment`) or drawn from unlabelled in-domain te
 labelled by the teacher. Two steps, each streaming (memory holds ``distill.chunk_rows``
 rows, whatever the file sizes):
 
-1. :func:`build_transfer_set` (``python -m xdpx.train.transfer build``) writes
+1. :func:`build_transfer_set` (``python -m xdpx.distill.transfer build``) writes
    ``distill.out_file``, a tsv with a header and no quoting (the project's convention,
-   :mod:`xdpx.train.distill`): ``id`` (0, 1, ...), the text column(s) named as in ``prepro``,
+   :mod:`xdpx.distill.teacher`): ``id`` (0, 1, ...), the text column(s) named as in ``prepro``,
    the label column (the gold label, empty where there is none) and ``origin``. The rows, in
    this order: every kept row of ``distill.train_file`` (``origin`` ``train``, its gold
    label); then, for each of them in turn, ``augment_copies`` copies (``augment``, copy
@@ -18,15 +18,15 @@ rows, whatever the file sizes):
    texts, :func:`xdpx.data.augment.neighbour_pairs`; this step holds the train texts in
    memory); then every kept row of the ``unlabelled`` file(s)
    (``unlabelled``; a label column named in their header is ignored, empty or not).
-2. :func:`label_transfer_set` (``python -m xdpx.train.transfer label``) runs the teacher
+2. :func:`label_transfer_set` (``python -m xdpx.distill.transfer label``) runs the teacher
    checkpoint over every row (eager, ``batch_size`` at a time, as ``stages.predict``) and
    writes ``distill.labelled_file``: ``id``, the text column(s), the label column (the gold
    label, else the teacher's predicted label, so that prepro takes every row), ``origin``,
    ``gold`` (``1``: the label is gold; ``0``: it is the teacher's), ``pred_label``, then
    ``prob_<label>`` and ``logit_<label>`` per label at full float32 precision. It is a
-   teacher file (:func:`xdpx.train.distill.read_teacher_file`) and a prepro train file at
+   teacher file (:func:`xdpx.distill.teacher.read_teacher_file`) and a prepro train file at
    once: prepro it as the student's train split and pass it as ``train.distill_from``; rows
-   with ``gold`` 0 are trained on the KL term alone (:func:`xdpx.train.distill.distill_loss`).
+   with ``gold`` 0 are trained on the KL term alone (:func:`xdpx.distill.teacher.distill_loss`).
 
 **Resuming.** The labelled file is written chunk by chunk to ``<labelled_file>.part``; after
 each complete chunk the file is flushed to disk and ``<labelled_file>.progress.json`` records
@@ -58,7 +58,7 @@ from xdpx.data import DataError, Encoder, PreparedMeta
 from xdpx.data.augment import Augmenter, neighbour_pairs
 from xdpx.data.readers import iter_examples
 from xdpx.data.tokenizers import detect_tokenizer
-from xdpx.train.distill import (
+from xdpx.distill.teacher import (
     GOLD_COLUMN,
     ID_COLUMN,
     LOGIT_PREFIX,
@@ -67,7 +67,7 @@ from xdpx.train.distill import (
     _num,
 )
 
-log = logging.getLogger("xdpx.train.transfer")
+log = logging.getLogger("xdpx.distill.transfer")
 
 __all__ = [
     "ORIGINS",
@@ -265,7 +265,7 @@ def _transfer_chunks(
             id out of order (``file:line``).
     """
     if not io.isfile(path):
-        raise DataError(f"{path}: transfer set not found (python -m xdpx.train.transfer build)")
+        raise DataError(f"{path}: transfer set not found (python -m xdpx.distill.transfer build)")
     with io.open(path, "rb") as raw:
         lines = _pyio.TextIOWrapper(raw, encoding="utf-8", newline="")
         header = lines.readline().rstrip("\r\n").split("\t")
@@ -424,7 +424,7 @@ def label_transfer_set(
 
 
 def main(argv: list[str] | None = None) -> TransferResult | LabelResult:
-    """``python -m xdpx.train.transfer build|label [--params params.yaml] [section.key=value ...]``
+    """``python -m xdpx.distill.transfer build|label [--params params.yaml] [section.key=value ...]``
     (a bare ``key=value`` is ``distill.key=value``).
 
     ``build`` reads the ``distill`` and ``prepro`` sections; ``label`` the ``distill`` one.
@@ -432,7 +432,7 @@ def main(argv: list[str] | None = None) -> TransferResult | LabelResult:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] not in ("build", "label"):
         raise SystemExit(
-            "usage: python -m xdpx.train.transfer build|label [--params FILE] [key=value ...]"
+            "usage: python -m xdpx.distill.transfer build|label [--params FILE] [key=value ...]"
         )
     command, rest = args[0], args[1:]
     params = "params.yaml"

@@ -13,10 +13,10 @@ same way):
    another section of ``params.yaml``) re-runs this cheap step and nothing after it.
 2. ``teacher``: prepro + train of the teacher (any params file, e.g. ``params/bert-e5.yaml``)
    on ``raw``, into ``teacher.data_dir`` and ``teacher.save_dir``.
-3. ``transfer``: the transfer set (:func:`xdpx.train.transfer.build_transfer_set`), built
+3. ``transfer``: the transfer set (:func:`xdpx.distill.transfer.build_transfer_set`), built
    once with the largest ``grid.copies``.
 4. ``label``: the teacher's logits on every transfer row
-   (:func:`xdpx.train.transfer.label_transfer_set`; resumable).
+   (:func:`xdpx.distill.transfer.label_transfer_set`; resumable).
 5. ``students``: the student config trained on the gold train split alone (``alone``: the
    n-gram alone with the shipped ``params.yaml``), then once per grid point
    (:class:`GridPoint`: ``distill_alpha``, ``distill_temperature``, ``copies``) on the
@@ -67,13 +67,13 @@ from xdpx.config import (
     read_yaml_mapping,
 )
 from xdpx.data import DataError
-from xdpx.rundir import RunDir
-from xdpx.ship_rule import (  # noqa: F401 - re-exported
+from xdpx.distill.ship_rule import (  # noqa: F401 - re-exported
     _fmt as _fmt,
     decide,
     decision_markdown,
     kept_share,
 )
+from xdpx.rundir import RunDir
 
 __all__ = [
     "STEPS",
@@ -147,7 +147,7 @@ class BaselineSpec(_Strict):
 
 
 class TransferPaths(_Strict):
-    """``transfer``: the two files of :mod:`xdpx.train.transfer`."""
+    """``transfer``: the two files of :mod:`xdpx.distill.transfer`."""
 
     out_file: str = Field(description="The transfer set (step transfer).")
     labelled_file: str = Field(description="The teacher-labelled transfer set (step label).")

@@ -15,7 +15,7 @@ kept row of the predicted file, in file order:
 * ``pred_label``, then ``prob_<label>`` (softmax probabilities) and
   ``logit_<label>`` (raw logits) for every label, at full float32 precision;
 * optionally ``gold`` (``1``/``0``): whether the row's training label is a gold label. The
-  labelled transfer set (:mod:`xdpx.train.transfer`) has it; rows with ``0`` carry the
+  labelled transfer set (:mod:`xdpx.distill.transfer`) has it; rows with ``0`` carry the
   teacher's own prediction as their label (so prepro takes them) and are trained on the
   KL term alone. Without the column every row is gold.
 
@@ -57,7 +57,7 @@ import torch.nn.functional as F
 from xdpx import io
 from xdpx.data import DataError, Encoder, PreparedMeta, SplitData
 
-log = logging.getLogger("xdpx.train.distill")
+log = logging.getLogger("xdpx.distill.teacher")
 
 __all__ = [
     "ID_COLUMN",
