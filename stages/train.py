@@ -137,6 +137,8 @@ def _train(
     model, model_config, facts = setup.build(texts, resume_path)
     if facts is not None:
         log.info("model %s prepared from the training data: %s", cfg.model, facts)
+    if dist.is_initialized():  # every rank has checked the run directory (check()) before rank 0
+        dist.barrier()  # writes it: a lagging rank would otherwise find rank 0's run and refuse
     if rank == 0:
         if wipe:
             io.rm(cfg.save_dir, recursive=True)
