@@ -470,10 +470,7 @@ def test_m_flipped_train_labels_are_estimated_and_listed(full_corpus, tmp_path):
         assert r["given"] != r["suggested"] and 0.5 <= r["confidence"] <= 1
     split = found["split_consistency"]
     assert split.status == "warn" and "far above" in split.detail, split.line()
-    # the clean corpus: neither check warns
-    clean = report(_written_raw(full_corpus, tmp_path / "clean", lambda split, df: None), only=LABEL_CHECKS)  # fmt: skip
-    assert clean["label_issues"].status == "ok", clean["label_issues"].line()
-    assert clean["split_consistency"].status == "ok", clean["split_consistency"].line()
+    # the clean corpus gives neither WARN: test_no_fail_and_no_warn_on_the_real_corpus
 
 
 def test_doctor_exports_the_label_issues(real_subset, tmp_path, monkeypatch):
