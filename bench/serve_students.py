@@ -10,7 +10,8 @@ student, L-layer transformer students in fp32 and int8, the teacher in int8) the
    checkpoint without an export is exported by the ``export`` stage with
    ``export.quantize=int8`` into ``<run>/export`` (parity samples and the int8 accuracy from
    the dev split of its prepared data, ``meta.json``'s ``prepro.data_dir``); an export there
-   of another checkpoint is left alone and the new one goes to ``<run>/export-<checkpoint>``;
+   of another checkpoint is left alone and the new one goes to ``<run>/export-<checkpoint>``.
+   An ensemble directory (``xdpx ensemble``) is served as it is, its members' graphs;
 2. starts one server per model, each in its own process on 127.0.0.1 (``xdpx serve EXPORT
    --http --backend onnx``, ``--int8`` for ``:int8``), all up at once;
 3. sends every text of ``--texts`` (default: the first model's raw dev file,
@@ -139,6 +140,8 @@ def ensure_export(path: str, int8: bool = True) -> Path:
     from xdpx.checkpoint import CheckpointError, resolve_checkpoint
 
     p = Path(path)
+    if (p / "ensemble.json").is_file():  # xdpx ensemble's directory: its members' exports
+        return p
     if _is_export(p):
         if not int8 or (p / INT8).is_file():
             return p
@@ -186,6 +189,8 @@ def read_texts(path: str | None, export_dir: Path) -> tuple[str, list[Any], list
     from xdpx.data import PreparedMeta, read_examples
     from xdpx.data.stream import expand_sources
 
+    if (export_dir / "ensemble.json").is_file():  # an ensemble reads as its member 0
+        export_dir = export_dir / json.loads((export_dir / "ensemble.json").read_text())["members"][0]["dir"]  # fmt: skip
     prepro = PreproConfig(**PreparedMeta.read(str(export_dir)).prepro)
     if path:
         files = [path]

@@ -13,7 +13,8 @@ imported only when their command runs.
 
 The package: this module (the app, the stage commands, viz, serve, doctor, trim-vocab, cv,
 distill, the entry points), :mod:`xdpx.cli.files` (``xdpx io``, ``xdpx script``),
-:mod:`xdpx.cli.study_commands` (``xdpx suite``, ``xdpx tune``) and :mod:`xdpx.cli.common`.
+:mod:`xdpx.cli.study_commands` (``xdpx suite``, ``xdpx tune``), :mod:`xdpx.cli.ensemble_command`
+(``xdpx ensemble``) and :mod:`xdpx.cli.common`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import typer
 
 from stages.registry import STAGES  # cheap: a stage module is imported when its command runs
 from xdpx.cli.common import _user_errors
+from xdpx.cli.ensemble_command import ensemble
 from xdpx.cli.files import io_app, script_app
 from xdpx.cli.study_commands import suite, tune
 
@@ -142,7 +144,7 @@ def viz(
 # ------------------------------------------------------------------ serve, doctor
 @app.command("serve")
 def serve(
-    run: str = typer.Argument(..., help="Run dir (its export/model.onnx, else its best checkpoint), export dir or checkpoint dir."),
+    run: str = typer.Argument(..., help="Run dir (its export/model.onnx, else its best checkpoint), export dir, checkpoint dir or ensemble dir (xdpx ensemble)."),
     batch_file: str = typer.Option(None, "--batch-file", "-f", help="Answer every line of this file, then exit."),
     http: bool = typer.Option(False, "--http", help="Serve over HTTP (POST /predict, KServe V2, /metrics) with dynamic batching."),
     host: str = typer.Option("127.0.0.1", "--host", help="--http: interface to bind (0.0.0.0 for all)."),
@@ -195,10 +197,11 @@ def serve(
             onnx_file = "model.int8.onnx" if int8 else "model.onnx"
             serve_http(run, host, port, cfg, "onnx" if int8 else backend, threads, onnx_file)
         return
+    from xdpx.serving.ensemble import EnsembleModel, is_ensemble
     from xdpx.serving.repl import Predictor, serve_lines
 
     with _user_errors():
-        predictor = Predictor(run)
+        predictor = EnsembleModel(run, threads) if is_ensemble(run) else Predictor(run)
         typer.echo("label\t" + "\t".join(f"prob_{x}" for x in predictor.labels), err=True)
         if batch_file:
             if not io.isfile(batch_file):
@@ -354,6 +357,7 @@ def trim_vocab(
 
 # ------------------------------------------------------------------ suite, tune (xdpx/cli/study_commands.py)
 app.command("suite")(suite)
+app.command("ensemble")(ensemble)
 app.command("tune")(tune)
 
 

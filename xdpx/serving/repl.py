@@ -14,10 +14,10 @@ import numpy as np
 
 from xdpx import io
 from xdpx.checkpoint import load_checkpoint
-from xdpx.data import DataError, Encoder
+from xdpx.data import Encoder
 from xdpx.inference import as_samples, format_probs, predict_probs
 from xdpx.rundir import RunDir
-from xdpx.serving.runtime import refuse_regression
+from xdpx.serving.runtime import refuse_regression, split_line
 
 __all__ = ["Predictor", "serve_lines", "refuse_regression"]
 
@@ -48,22 +48,8 @@ class Predictor:
         return self.encoder.labels
 
     def split(self, line: str, where: str = "<stdin>") -> tuple[str, str | None]:
-        """One input line -> (text, text2); a pair model needs ``text1<TAB>text2``.
-
-        Raises:
-            DataError: empty line, or a pair model given no tab (names ``where``).
-        """
-        line = line.rstrip("\r\n")
-        if not line.strip():
-            raise DataError(f"{where}: empty text")
-        if not self.pair:
-            return line.strip(), None
-        parts = line.split("\t")
-        if len(parts) != 2:
-            raise DataError(
-                f"{where}: a pair model needs 'text1<TAB>text2', got {len(parts)} field(s)"
-            )
-        return parts[0].strip(), parts[1].strip()
+        """One input line -> (text, text2) (:func:`xdpx.serving.runtime.split_line`)."""
+        return split_line(line, self.pair, where)
 
     def predict(self, texts: list[str], texts2: list[str] | None = None) -> np.ndarray:
         """Probabilities ``[n, num_labels]`` (float64) of ``texts`` (and ``texts2``).

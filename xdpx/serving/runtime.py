@@ -22,7 +22,7 @@ import onnxruntime as ort
 from xdpx import io
 from xdpx.batching import Sample, as_samples, length_chunks, pad_ids, probs_from_logits
 from xdpx.config import HF_MODELS
-from xdpx.data import Encoder
+from xdpx.data import DataError, Encoder
 from xdpx.data.shards import sample_lengths
 
 log = logging.getLogger("xdpx.serving.server")
@@ -34,6 +34,7 @@ __all__ = [
     "ort_logits",
     "ort_session",
     "refuse_regression",
+    "split_line",
 ]
 
 #: The ONNX graph's output (``xdpx.serving.export`` names it).
@@ -52,6 +53,23 @@ def refuse_regression(encoder: Encoder, path: str) -> None:
             f"{path} is a regression model (prepro.label_type=score): xdpx serve answers with "
             "labels and probabilities; score texts with the predict stage (a score column)"
         )
+
+
+def split_line(line: str, pair: bool, where: str = "<stdin>") -> tuple[str, str | None]:
+    """One REPL / batch-file line -> ``(text, text2)``; a pair model needs ``text1<TAB>text2``.
+
+    Raises:
+        DataError: empty line, or a pair model given no tab (names ``where``).
+    """
+    line = line.rstrip("\r\n")
+    if not line.strip():
+        raise DataError(f"{where}: empty text")
+    if not pair:
+        return line.strip(), None
+    parts = line.split("\t")
+    if len(parts) != 2:
+        raise DataError(f"{where}: a pair model needs 'text1<TAB>text2', got {len(parts)} field(s)")
+    return parts[0].strip(), parts[1].strip()
 
 
 def ort_session(path: str, threads: int | None = None) -> ort.InferenceSession:

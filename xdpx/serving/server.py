@@ -61,6 +61,7 @@ from starlette.routing import Match, Route
 
 from xdpx.batching import Sample, length_chunks
 from xdpx.data.readers import CONTROL_CHARS, TextError, clean_text
+from xdpx.serving.ensemble import load_served
 from xdpx.serving.runtime import ENCODER_MAX_PADDING, ServedModel
 from xdpx.serving.v2 import (
     HEADER_LENGTH,
@@ -690,6 +691,6 @@ def serve_http(
     requests finish). Logs ``listening on http://HOST:PORT`` once ready."""
     import uvicorn
 
-    model = ServedModel(run, backend, threads, onnx_file)
+    model = load_served(run, backend, threads, onnx_file)  # an ensemble directory, or a run's
     app = create_app(model, config)
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30)

@@ -1,0 +1,368 @@
+"""``xdpx ensemble``: a probability-averaging ensemble of trained runs, its weights chosen on
+dev, evaluated like a model and written as one servable directory.
+
+The procedure (:func:`build_ensemble`):
+
+1. every member is an export directory (``xdpx export``'s ``model.onnx`` + ``report.json``;
+   a run directory means its ``export/``), loaded on onnxruntime
+   (:class:`~xdpx.serving.runtime.ServedModel`). The members must be trained on the same
+   classes; each reads the raw texts with its own tokenizer;
+2. the raw dev (and test) file is read with member 0's prepro settings (format, columns,
+   ``control_chars``); by default the files that member 0's prepro read
+   (``data_source`` / ``data_files``);
+3. every member's probabilities of every dev text;
+4. the weights (:func:`choose_weights`): for two members, every ``w`` on a grid of
+   ``step`` (``w * p_1 + (1 - w) * p_2``); for more, Caruana et al. 2004's ensemble selection
+   ("Ensemble Selection from Libraries of Models", ICML: greedy forward selection with
+   replacement from the best single model, ``round(1 / step)`` rounds, the best ensemble of
+   the nested sequence kept; AutoGluon's weighted ensemble does the same). The criterion is
+   the dev ``metric``, ties broken by the lower dev log loss. Every member alone is a
+   candidate (weight 1), so the chosen ensemble is never below its best member on dev;
+5. dev and test scored like a model (:func:`xdpx.metrics.classification_metrics`), with
+   the paired comparison against every member (:func:`xdpx.metrics.paired_comparison`:
+   the difference, its paired SE and McNemar's p);
+6. the directory (:mod:`xdpx.serving.ensemble`: ``members/``, ``report.json``,
+   ``confusion.png``, ``ensemble.json`` last) is written to a temporary sibling and moved
+   into place whole (:func:`xdpx.io.replace_dir`); before that, the written ensemble is
+   loaded back and its probabilities of 64 dev texts must equal the weighted average of its
+   members' (1e-5), or nothing is written. Members of weight 0 are listed in the report and
+   not copied.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from xdpx import io
+from xdpx.serving.ensemble import ENSEMBLE_FILE, EnsembleModel, label_orders, weighted_probs
+from xdpx.serving.runtime import ServedModel
+
+__all__ = [
+    "ENSEMBLE_BATCH",
+    "build_ensemble",
+    "choose_weights",
+    "member_export",
+    "model_probs",
+]
+
+log = logging.getLogger("xdpx.ensemble")
+
+#: Texts per model call when the members score a file (sorted by length first).
+ENSEMBLE_BATCH = 64
+
+
+def member_export(path: str, onnx_file: str = "model.onnx") -> str:
+    """The export directory of a member: ``path`` itself when it holds ``onnx_file`` and
+    ``report.json``, else ``path/export``.
+
+    Raises:
+        FileNotFoundError: neither has them; the message gives the export command.
+    """
+    path = str(path).rstrip("/")
+    for d in (path, io.join(path, "export")):
+        if io.exists(io.join(d, onnx_file)) and io.exists(io.join(d, "report.json")):
+            return d
+    hint = " export.quantize=int8" if onnx_file != "model.onnx" else ""
+    raise FileNotFoundError(
+        f"{path}: no {onnx_file} with report.json here or under export/; an ensemble serves its "
+        f"members' exports: xdpx export export.checkpoint='{path}/<best>' export.out_dir={path}/export{hint}"
+    )
+
+
+def model_probs(
+    model: Any, texts: Sequence[str], texts2: Sequence[str] | None = None, desc: str | None = None
+) -> np.ndarray:
+    """``[n, num_labels]`` probabilities of ``texts`` by a served model, in the texts' order:
+    sorted by length and run :data:`ENSEMBLE_BATCH` texts per call (bounded memory for any
+    n), with a progress bar named ``desc``."""
+    n = len(texts)
+    order = np.argsort([len(t) + (len(texts2[i]) if texts2 is not None else 0) for i, t in enumerate(texts)], kind="stable")  # fmt: skip
+    out = np.zeros((n, len(model.labels)))
+    for s in tqdm(range(0, n, ENSEMBLE_BATCH), desc=desc, unit="batch", disable=desc is None, leave=False):  # fmt: skip
+        idx = order[s : s + ENSEMBLE_BATCH]
+        t2 = [texts2[i] for i in idx] if texts2 is not None else None
+        out[idx] = model.probs(model.encode([texts[i] for i in idx], t2))
+    return out
+
+
+def _score(y: np.ndarray, probs: np.ndarray, metric: str) -> tuple[float, float]:
+    """``(metric, -log loss)`` of ``probs``: the lexicographic key the weights maximise."""
+    loss = float(-np.log(np.clip(probs[np.arange(len(y)), y], 1e-12, 1.0)).mean())
+    if metric == "accuracy":
+        value = float((probs.argmax(1) == y).mean())
+    else:
+        from xdpx.metrics import classification_metrics
+
+        value = classification_metrics(y, probs)[metric]
+    return value, -loss
+
+
+def choose_weights(
+    member_probs: Sequence[np.ndarray], y: np.ndarray, metric: str = "accuracy", step: float = 0.05
+) -> tuple[list[float], list[dict[str, Any]]]:
+    """The members' weights that maximise ``metric`` on dev (see the module docstring).
+
+    Args:
+        member_probs: per member ``[n, num_labels]`` dev probabilities, in one class order.
+        y: ``[n]`` int gold classes.
+        metric: a higher-is-better :func:`xdpx.metrics.classification_metrics` key.
+        step: the grid step of two members' weight (0.05: 21 points); more members:
+            ``round(1 / step)`` rounds of greedy selection.
+
+    Returns:
+        ``(weights, trace)``: weights summing to 1; ``trace`` lists every candidate tried,
+        ``{"weights" (6 decimals), metric, "loss"}``, in the order tried.
+
+    Raises:
+        ValueError: no members, or ``step`` not in (0, 1].
+    """
+    if not member_probs:
+        raise ValueError("choose_weights: no members")
+    if not 0 < step <= 1:
+        raise ValueError(f"step must be in (0, 1], got {step}")
+    m = len(member_probs)
+    trace: list[dict[str, Any]] = []
+
+    def tried(w: np.ndarray) -> tuple[float, float]:
+        key = _score(y, weighted_probs(member_probs, w), metric)
+        trace.append({"weights": [round(float(x), 6) for x in w], metric: key[0], "loss": -key[1]})
+        return key
+
+    if m == 1:
+        tried(np.ones(1))
+        return [1.0], trace
+    if m == 2:
+        k = round(1 / step)
+        grid = [np.array([i / k, 1 - i / k]) for i in range(k + 1)]
+        keys = [tried(w) for w in grid]
+        best = max(range(len(grid)), key=lambda i: keys[i])
+        return [float(x) for x in grid[best]], trace
+    # Caruana et al. 2004: forward selection with replacement from the best single model
+    singles = [tried(np.eye(m)[i]) for i in range(m)]
+    counts = np.zeros(m)
+    counts[max(range(m), key=lambda i: singles[i])] = 1
+    best_w, best_key = counts / counts.sum(), max(singles)
+    for _ in range(round(1 / step) - 1):
+        keys = []
+        for i in range(m):
+            c = counts.copy()
+            c[i] += 1
+            keys.append((tried(c / c.sum()), i))
+        key, i = max(keys)
+        counts[i] += 1
+        if key > best_key:
+            best_key, best_w = key, counts / counts.sum()
+    return [float(x) for x in best_w], trace
+
+
+def _read_split(model: ServedModel, path: str, labels: list[str]) -> tuple[list[str], list[str] | None, np.ndarray]:  # fmt: skip
+    """Texts, second texts and ``[n]`` gold class indices of a raw file, read with
+    ``model``'s prepro settings.
+
+    Raises:
+        DataError: as :func:`xdpx.data.readers.read_examples`; a label outside ``labels``
+            (naming the file and line).
+    """
+    from xdpx.config import PreproConfig
+    from xdpx.data.readers import DataError, read_examples
+
+    meta = model.encoder.meta
+    prepro = PreproConfig(**(meta.prepro if meta is not None else {}))
+    data = read_examples(path, prepro, require_label=True)
+    index = {lab: i for i, lab in enumerate(labels)}
+    y = []
+    for lab, line in zip(data.labels or [], data.line_numbers, strict=True):
+        if lab not in index:
+            raise DataError(f"{path}:{line}: label {lab!r} is not one of the models' classes {labels}")  # fmt: skip
+        y.append(index[lab])
+    if not y:
+        raise DataError(f"{path}: no labelled rows")
+    return data.texts, data.texts2, np.asarray(y)
+
+
+def _default_file(model: ServedModel, split: str) -> str | None:
+    """``data_source/data_files[split]`` of ``model``'s prepro (None: no such split, or a glob)."""
+    meta = model.encoder.meta
+    prepro = meta.prepro if meta is not None else {}
+    name = (prepro.get("data_files") or {}).get(split)
+    if not isinstance(name, str) or any(c in name for c in "*?["):
+        return None
+    return io.join(str(prepro.get("data_source", "data/raw")), name)
+
+
+def member_names(paths: Sequence[str]) -> list[str]:
+    """The members' names: each run directory's base name (``models/minilm/export`` ->
+    ``minilm``), with as many parent directories as it takes to tell them apart
+    (``a/run``, ``b/run`` -> ``a-run``, ``b-run``)."""
+    parts = []
+    for path in paths:
+        p = [x for x in str(path).rstrip("/").split("/") if x not in ("", ".")]
+        parts.append(p[:-1] if len(p) > 1 and p[-1] == "export" else p or ["member"])
+    for depth in range(1, max(len(p) for p in parts) + 1):
+        names = ["-".join(p[-depth:]) for p in parts]
+        if len(set(names)) == len(names):
+            return names
+    return [f"{k}-{n}" for k, n in enumerate(names)]
+
+
+def build_ensemble(
+    members: Sequence[str],
+    out_dir: str,
+    dev_file: str | None = None,
+    test_file: str | None = None,
+    metric: str = "accuracy",
+    step: float = 0.05,
+    onnx_file: str = "model.onnx",
+    threads: int | None = None,
+    progress: bool = True,
+    on_member: Callable[[str, float], None] | None = None,
+    names: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """Build, score and write an ensemble of ``members`` (see the module docstring).
+
+    Args:
+        members: two or more run or export directories (:func:`member_export`).
+        out_dir: the ensemble directory to write (replaced whole when it exists).
+        dev_file, test_file: raw labelled files (None: member 0's prepro dev / test file;
+            no test file: dev only).
+        metric: the dev criterion (``accuracy`` or ``macro_f1``).
+        step: :func:`choose_weights`' grid step.
+        onnx_file: the members' graph (``model.int8.onnx``: their int8 exports).
+        threads: onnxruntime intra-op threads per member (None: the library's default).
+        progress: progress bars while the members score the files.
+        on_member: called with (member name, seconds it took to score dev and test).
+        names: the members' names (None: :func:`member_names` of their paths).
+
+    Returns:
+        The report written to ``out_dir/report.json``: ``members`` (name, source, kind,
+        weight, per split metrics), ``weights``, ``metric``, ``splits`` (the ensemble's
+        metrics per split), ``paired`` (per split, per member: :func:`xdpx.metrics.
+        paired_comparison` of the ensemble against it on ``metric``), ``trace`` (the dev
+        candidates), ``n`` (texts per split), ``seconds`` (per member, scoring).
+
+    Raises:
+        ValueError: fewer than two members, an unknown metric, members of different
+            classes or tasks.
+        FileNotFoundError: a member has no export; no dev file.
+        DataError: a malformed line of a raw file (file:line).
+    """
+    from xdpx.metrics import classification_metrics, confusion_matrix, paired_comparison
+
+    if len(members) < 2:
+        raise ValueError(f"an ensemble needs two or more members, got {len(members)}")
+    if metric not in ("accuracy", "macro_f1"):
+        raise ValueError(f"metric must be accuracy or macro_f1, got {metric!r}")
+    exports = [member_export(m, onnx_file) for m in members]
+    models = [ServedModel(d, "onnx", threads, onnx_file) for d in exports]
+    names = list(names) if names is not None else member_names(members)
+    if len(set(names)) != len(names) or len(names) != len(members):
+        raise ValueError(f"the members' names must be distinct, one per member: {names}")
+    labels = list(models[0].labels)
+    orders = label_orders(labels, [m.labels for m in models], exports)
+    if len({m.pair for m in models}) != 1:
+        raise ValueError(f"{exports}: some members take text pairs and some single texts")
+    files = {"dev": dev_file or _default_file(models[0], "dev"), "test": test_file or (None if dev_file else _default_file(models[0], "test"))}  # fmt: skip
+    if files["dev"] is None or not io.exists(files["dev"]):
+        raise FileNotFoundError(f"dev file {files['dev']} not found: give --dev (a raw labelled file of the members' data)")  # fmt: skip
+    files = {s: f for s, f in files.items() if f is not None and io.exists(f)}
+    data = {s: _read_split(models[0], f, labels) for s, f in files.items()}
+    probs: dict[str, list[np.ndarray]] = {s: [] for s in data}
+    seconds: dict[str, float] = {}
+    for name, model, order in zip(names, models, orders, strict=True):
+        t0 = time.perf_counter()
+        for s, (texts, texts2, _) in data.items():
+            p = model_probs(model, texts, texts2, f"{name} {s}" if progress else None)
+            probs[s].append(p[:, order])
+        seconds[name] = round(time.perf_counter() - t0, 3)
+        if on_member is not None:
+            on_member(name, seconds[name])
+    y_dev = data["dev"][2]
+    weights, trace = choose_weights(probs["dev"], y_dev, metric, step)
+    report: dict[str, Any] = {
+        "metric": metric,
+        "weights": dict(zip(names, weights, strict=True)),
+        "labels": labels,
+        "files": files,
+        "n": {s: int(len(d[2])) for s, d in data.items()},
+        "members": [],
+        "splits": {},
+        "paired": {},
+        "trace": trace,
+        "seconds": seconds,
+        "method": "grid" if len(members) == 2 else "ensemble selection (Caruana et al. 2004)",
+        "step": step,
+    }
+    for s, (_, _, y) in data.items():
+        p = weighted_probs(probs[s], weights)
+        report["splits"][s] = classification_metrics(y, p)
+        report["paired"][s] = {
+            name: paired_comparison(y, p.argmax(1), q.argmax(1), metric, p, q)
+            for name, q in zip(names, probs[s], strict=True)
+        }
+    for k, (name, d, model) in enumerate(zip(names, exports, models, strict=True)):
+        report["members"].append({
+            "name": name, "source": d, "kind": model.kind, "weight": weights[k],
+            "splits": {s: classification_metrics(data[s][2], probs[s][k]) for s in data},
+        })  # fmt: skip
+    kept = [k for k, w in enumerate(weights) if w > 0]
+    spec = {
+        "labels": labels,
+        "pair": models[0].pair,
+        "members": [
+            {"dir": f"members/{k}-{names[k]}", "name": names[k], "kind": models[k].kind,
+             "onnx_file": onnx_file, "weight": weights[k] / sum(weights[j] for j in kept)}
+            for k in kept
+        ],
+    }  # fmt: skip
+    tmp = io.tmp_sibling(out_dir)
+    try:
+        for k in kept:
+            io.copytree(exports[k], io.join(tmp, spec["members"][kept.index(k)]["dir"]))
+        io.write_text(io.join(tmp, "report.json"), json.dumps(report, indent=2) + "\n")
+        last = "test" if "test" in data else "dev"
+        y = data[last][2]
+        p = weighted_probs(probs[last], weights)
+        cm = confusion_matrix(y, p.argmax(1), labels=list(range(len(labels))))
+        from xdpx.viz import confusion_figure, save_figure
+
+        title = f"ensemble {last}: {metric} {report['splits'][last][metric]:.4f}"
+        save_figure(confusion_figure(cm, labels, title), io.join(tmp, "confusion.png"))
+        io.write_text(io.join(tmp, ENSEMBLE_FILE), json.dumps(spec, indent=2) + "\n")
+        _check_written(tmp, data["dev"], probs["dev"], weights, threads)
+        io.replace_dir(tmp, out_dir, marker=ENSEMBLE_FILE)
+    except BaseException:
+        io.rm(tmp, recursive=True) if io.exists(tmp) else None
+        raise
+    log.info("ensemble %s -> %s: dev %s %.4f", report["weights"], out_dir, metric, report["splits"]["dev"][metric])  # fmt: skip
+    return report
+
+
+def _check_written(
+    path: str,
+    dev: tuple,
+    dev_probs: Sequence[np.ndarray],
+    weights: Sequence[float],
+    threads: int | None,
+) -> None:
+    """The written ensemble, loaded back, gives the chosen weighted average of its members'
+    probabilities on the first 64 dev texts (within 1e-5: onnxruntime's sums differ in the
+    last bits with the batch a text is in).
+
+    Raises:
+        AssertionError: it does not (nothing is moved into place then).
+    """
+    texts, texts2, _ = dev
+    n = min(64, len(texts))
+    served = EnsembleModel(path, threads)
+    got = served.probs(served.encode(texts[:n], texts2[:n] if texts2 is not None else None))
+    want = weighted_probs([p[:n] for p in dev_probs], weights)
+    diff = float(np.abs(got - want).max())
+    if diff > 1e-5:
+        raise AssertionError(f"the written ensemble's probabilities differ from its members' weighted average by {diff:.3g}")  # fmt: skip
