@@ -30,6 +30,7 @@ __all__ = [
     "shard_epoch_order",
     "probs_from_logits",
     "format_probs",
+    "window_count",
 ]
 
 #: One model input: ids of one text, or ``(input_ids, input_ids2)`` of a pair.
@@ -164,3 +165,22 @@ def probs_from_logits(logits: np.ndarray) -> np.ndarray:
 def format_probs(probs: Sequence[float]) -> list[str]:
     """Probabilities as the TSV fields ``predict`` and ``serve`` print (6 decimals)."""
     return [f"{x:.6f}" for x in probs]
+
+
+def window_count(lengths: np.ndarray, window: int, stride: int) -> np.ndarray:
+    """Windows per text of ``hf_classifier`` with ``train.window`` (:func:`xdpx.models.hf.
+    text_windows`): a text of ``n`` tokens (its two special tokens included) has
+    ``L = n - 2`` content tokens and ``1 + max(0, ceil((L - C) / (C - stride)))`` windows,
+    ``C = window - 2``.
+
+    Args:
+        lengths: ``[n_texts]`` token counts; window, stride: as ``train.window`` and
+            ``train.window_stride``.
+
+    Returns:
+        ``[n_texts]`` int64 (the encoder's cost per text is about this times one window's).
+    """
+    c = window - 2
+    step = c - stride
+    content = np.maximum(np.asarray(lengths, np.int64) - 2, 0)
+    return 1 + np.maximum(0, -(-(content - c) // step))

@@ -91,6 +91,24 @@ class HFArgs(_Family):
     freeze_embeddings: bool
 
 
+class HFClassifierArgs(HFArgs):
+    """``hf_classifier``: HFArgs plus windowed reading of long texts (:func:`xdpx.models.hf.
+    text_windows`)."""
+
+    window: int | None
+    window_stride: int
+    window_pooling: Literal["mean", "max"]
+
+    @model_validator(mode="after")
+    def _window_fits(self) -> HFClassifierArgs:
+        if self.window is not None and not 0 <= self.window_stride <= self.window - 3:
+            raise ValueError(
+                f"window_stride (tokens shared by consecutive windows) must lie in "
+                f"0..window-3 = {self.window - 3}, got {self.window_stride}"
+            )
+        return self
+
+
 class StaticArgs(_Family):
     """``static_embed``: static piece vectors distilled from an encoder (Model2Vec) + linear."""
 
@@ -120,7 +138,7 @@ FAMILIES: dict[str, type[_Family]] = {
     "bilstm": RecurrentArgs,
     "match_esim": RecurrentArgs,
     "siamese": SiameseArgs,
-    "hf_classifier": HFArgs,
+    "hf_classifier": HFClassifierArgs,
     "hf_mlm": HFArgs,
     "static_embed": StaticArgs,
 }

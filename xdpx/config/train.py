@@ -195,6 +195,23 @@ class TrainConfig(_Section):
     gradient_checkpointing: bool = Field(
         False, description="hf_classifier: recompute activations in backward (less memory)."
     )
+    window: int | None = Field(
+        None,
+        ge=4,
+        description="hf_classifier: read a text as windows of this many tokens (its first and "
+        "last special tokens in each), their logits pooled (window_pooling), so prepro.max_len "
+        "is the whole text's budget; null = one window, the text cut at prepro.max_len. "
+        "Pappagari et al. 2019 (chunk and pool).",
+    )
+    window_stride: int = Field(
+        32,
+        ge=0,
+        description="hf_classifier with window: tokens consecutive windows share (transformers' "
+        "`stride` of `return_overflowing_tokens`).",
+    )
+    window_pooling: Literal["mean", "max"] = Field(
+        "mean", description="hf_classifier with window: how a text's window logits are pooled."
+    )
     freeze_embeddings: bool = Field(
         False,
         description="hf_classifier: keep the embedding layer fixed; static_embed: keep the "

@@ -33,7 +33,14 @@ from xdpx.models.contract import ModelContract
 
 log = logging.getLogger("xdpx.models.hf")
 
-__all__ = ["HFClassifier", "HFMaskedLM", "load_hf_model", "pair_token_type_ids"]
+__all__ = [
+    "HFClassifier",
+    "HFMaskedLM",
+    "load_hf_model",
+    "pair_token_type_ids",
+    "pool_windows",
+    "text_windows",
+]
 
 #: Parameter-name prefixes (inside the transformers model) that form the classification head.
 HEAD_PREFIXES = ("classifier.", "pre_classifier.", "score.")
@@ -54,6 +61,79 @@ def pair_token_type_ids(input_ids: torch.Tensor, sep_id: int, pad_id: int) -> to
     is_sep = (input_ids == sep_id).long()
     before = torch.cumsum(is_sep, dim=1) - is_sep  # separators strictly before each position
     return ((before > 0) & (input_ids != pad_id)).long()
+
+
+def text_windows(
+    input_ids: torch.Tensor, pad_id: int, window: int, stride: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every text of a batch cut into windows of ``window`` tokens that cover it.
+
+    A text is ``[CLS] t_1 ... t_L [SEP]`` (any tokenizer's first and last special tokens,
+    read from the text itself) right-padded with ``pad_id``. Its content ``t_1..t_L`` is cut
+    into windows of ``C = window - 2`` tokens, window ``k`` starting at ``k * (C - stride)``,
+    so consecutive windows share ``stride`` tokens (transformers' ``stride`` with
+    ``return_overflowing_tokens``; Pappagari et al. 2019's "chunk and pool" with overlap),
+    and each window is ``[CLS] chunk [SEP]``, right-padded. A text of ``L`` content tokens
+    has ``1 + max(0, ceil((L - C) / (C - stride)))`` windows (:func:`xdpx.batching.
+    window_count`); a text of ``L <= C`` is its own single window.
+
+    Only tensor operations on the batch's shape: the ONNX export (legacy tracer) keeps the
+    number of windows dynamic in the sequence length.
+
+    Args:
+        input_ids: ``[batch, seq_len]`` int64.
+        pad_id: the padding id; window: tokens per window (``>= 4``); stride: tokens shared
+            by consecutive windows (``0 <= stride <= window - 3``).
+
+    Returns:
+        ``(windows, valid)``: ``[batch, n, window]`` int64 windows (``n`` the most that a
+        text of ``seq_len`` tokens needs) and ``[batch, n]`` bool, True for the windows a text
+        has (always its first).
+    """
+    c = window - 2
+    step = c - stride
+    lengths = (input_ids != pad_id).sum(1)  # [B]: special tokens included
+    first = input_ids[:, :1]  # [B, 1]
+    last = input_ids.gather(1, (lengths - 1).clamp(min=0)[:, None])  # [B, 1]
+    content = (lengths - 2).clamp(min=0)  # [B]
+    body = input_ids[:, 1:]  # [B, T-1]
+    tb = torch._shape_as_tensor(body)[1]  # a tensor: traced, not a constant, in the export
+    n = torch.clamp(torch.div(tb - 1 - c + step - 1, step, rounding_mode="floor"), min=0) + 1
+    starts = torch.arange(n, device=input_ids.device) * step  # [N]
+    pos = starts[:, None] + torch.arange(c, device=input_ids.device)[None, :]  # [N, C]
+    inside = pos[None, :, :] < content[:, None, None]  # [B, N, C]
+    chunks = body[:, torch.minimum(pos, tb - 1).reshape(-1)].reshape(body.shape[0], -1, c)
+    chunks = torch.where(inside, chunks, torch.full_like(chunks, pad_id))
+    # window k is needed while window k-1 (ending at start_k - step + c) stops short of the end
+    valid = (starts[None, :] - step + c < content[:, None]) | (starts[None, :] == 0)  # [B, N]
+    filled = inside.sum(2)  # [B, N] content tokens per window
+    heads = first[:, :, None].expand(-1, chunks.shape[1], 1)
+    out = torch.cat([heads, chunks, torch.full_like(heads, pad_id)], 2)  # [B, N, window]
+    at = torch.arange(window, device=input_ids.device)[None, None, :]
+    out = torch.where(at == (filled + 1)[:, :, None], last[:, :, None].expand_as(out), out)
+    return out, valid
+
+
+def pool_windows(logits: torch.Tensor, owner: torch.Tensor, batch: torch.Tensor, pooling: str) -> torch.Tensor:  # fmt: skip
+    """A text's logits from its windows' logits.
+
+    Args:
+        logits: ``[m, num_labels]`` of the ``m`` windows the texts have.
+        owner: ``[m]`` int64, the text of each window (``0..batch-1``, every text at least
+            once); batch: the number of texts (a 0-dim tensor, traced).
+        pooling: ``mean`` (the average of a text's windows' logits) or ``max`` (per class, the
+            largest).
+
+    Returns:
+        ``[batch, num_labels]`` logits.
+    """
+    texts = torch.arange(batch, device=logits.device)
+    member = owner[None, :] == texts[:, None]  # [B, m]
+    if pooling == "mean":
+        weights = member.to(logits.dtype)
+        return (weights @ logits) / weights.sum(1, keepdim=True)
+    masked = torch.where(member[:, :, None], logits[None, :, :], torch.full_like(logits[None, :, :], float("-inf")))  # fmt: skip
+    return masked.max(1).values
 
 
 def load_hf_model(
@@ -124,10 +204,18 @@ class HFClassifier(ModelContract):
         pair: the data are jointly encoded text pairs.
         gradient_checkpointing: recompute activations in backward (less memory, ~30% slower).
         freeze_embeddings: do not train the embedding layer (word, position, type, LayerNorm).
+        window: read each text as windows of this many tokens (:func:`text_windows`), the
+            encoder run on every window a text has and their logits pooled
+            (:func:`pool_windows`): training then fits the pooled logits (the text's loss),
+            and evaluate, predict, serve and the ONNX graph read texts the same way. None:
+            the text as one sequence.
+        window_stride: tokens consecutive windows share.
+        window_pooling: ``mean`` or ``max``.
 
     Raises:
         FileNotFoundError: ``pretrained_model`` does not exist.
-        ValueError: the data's ``vocab_size`` exceeds the model's vocabulary.
+        ValueError: the data's ``vocab_size`` exceeds the model's vocabulary; a window on
+            text pairs, or longer than the model's positions.
     """
 
     #: ``train.learning_rate: null`` means this (transformers.TrainingArguments' default).
@@ -146,6 +234,9 @@ class HFClassifier(ModelContract):
         pair: bool = False,
         gradient_checkpointing: bool = False,
         freeze_embeddings: bool = False,
+        window: int | None = None,
+        window_stride: int = 32,
+        window_pooling: str = "mean",
     ) -> None:
         super().__init__()
         self.hf, self.loading_info = load_hf_model(
@@ -174,7 +265,14 @@ class HFClassifier(ModelContract):
         if freeze_embeddings:
             base = self.hf.base_model
             getattr(base, "embeddings", self.hf.get_input_embeddings()).requires_grad_(False)
+        positions = int(getattr(self.hf.config, "max_position_embeddings", 0) or 0)
+        if window is not None and (pair or (positions and window > positions) or window < 4):
+            why = "text pairs are not cut into windows" if pair else f"{positions} positions"
+            raise ValueError(f"train.window={window}: {why} (a window has 4..{positions or 'n'} tokens)")  # fmt: skip
+        self.window, self.window_stride, self.window_pooling = window, window_stride, window_pooling
+        windowed = {} if window is None else {"window": window, "window_stride": window_stride, "window_pooling": window_pooling}  # fmt: skip
         self._init_args = {
+            **windowed,
             "vocab_size": vocab_size,
             "num_labels": num_labels,
             "pad_id": pad_id,
@@ -233,8 +331,18 @@ class HFClassifier(ModelContract):
         return kwargs
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Args: input_ids ``[batch, seq_len]`` int64. Returns: logits ``[batch, num_labels]``."""
-        return self.hf(**self._inputs(input_ids)).logits
+        """Args: input_ids ``[batch, seq_len]`` int64. Returns: logits ``[batch, num_labels]``
+        (with ``window``: each text's windows' logits, pooled)."""
+        if self.window is None:
+            return self.hf(**self._inputs(input_ids)).logits
+        windows, valid = text_windows(input_ids, self.pad_id, self.window, self.window_stride)
+        n = windows.shape[1]
+        kept = torch.nonzero(valid.reshape(-1)).squeeze(1)  # [m]: only the windows texts have
+        logits = self.hf(**self._inputs(windows.reshape(-1, self.window)[kept])).logits
+        owner = torch.div(kept, n, rounding_mode="floor")
+        return pool_windows(
+            logits, owner, torch._shape_as_tensor(input_ids)[0], self.window_pooling
+        )
 
 
 #: Parameter-name prefixes of masked-LM heads (BERT's ``cls.``, RoBERTa's ``lm_head.``).
