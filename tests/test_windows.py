@@ -99,6 +99,9 @@ def test_pooled_logits_equal_the_encoder_on_each_window_by_hand(posts, pooling):
             each = torch.cat([plain(torch.tensor([w])) for w in win])  # one window at a time
             want = each.mean(0) if pooling == "mean" else each.max(0).values
             torch.testing.assert_close(got[i], want, atol=1e-5, rtol=1e-5)
+        # texts shorter than the window: one window each, the plain model's logits
+        short = pad_batch([np.concatenate([x[:30], x[-1:]]) for x in ids], 0)
+        torch.testing.assert_close(model(short), plain(short), atol=1e-5, rtol=1e-5)
         # a text's logits do not depend on its batch-mates (windows of others are dropped)
         torch.testing.assert_close(model(pad_batch(ids[:1], 0))[0], got[0], atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="pairs"):

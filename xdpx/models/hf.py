@@ -86,30 +86,32 @@ def text_windows(
             by consecutive windows (``0 <= stride <= window - 3``).
 
     Returns:
-        ``(windows, valid)``: ``[batch, n, window]`` int64 windows (``n`` the most that a
-        text of ``seq_len`` tokens needs) and ``[batch, n]`` bool, True for the windows a text
+        ``(windows, valid)``: ``[batch, n, width]`` int64 windows (``n`` the most that a
+        text of ``seq_len`` tokens needs; ``width = min(window, seq_len)``: a batch of
+        texts shorter than the window is one window as wide as the batch) and ``[batch, n]`` bool, True for the windows a text
         has (always its first).
     """
-    c = window - 2
-    step = c - stride
     lengths = (input_ids != pad_id).sum(1)  # [B]: special tokens included
     first = input_ids[:, :1]  # [B, 1]
     last = input_ids.gather(1, (lengths - 1).clamp(min=0)[:, None])  # [B, 1]
     content = (lengths - 2).clamp(min=0)  # [B]
     body = input_ids[:, 1:]  # [B, T-1]
     tb = torch._shape_as_tensor(body)[1]  # a tensor: traced, not a constant, in the export
+    # a batch of texts shorter than the window is one window as wide as the batch
+    c = torch.clamp(torch.minimum(tb + 1, torch.tensor(window)) - 2, min=1)
+    step = torch.clamp(c - stride, min=1)
     n = torch.clamp(torch.div(tb - 1 - c + step - 1, step, rounding_mode="floor"), min=0) + 1
     starts = torch.arange(n, device=input_ids.device) * step  # [N]
     pos = starts[:, None] + torch.arange(c, device=input_ids.device)[None, :]  # [N, C]
     inside = pos[None, :, :] < content[:, None, None]  # [B, N, C]
-    chunks = body[:, torch.minimum(pos, tb - 1).reshape(-1)].reshape(body.shape[0], -1, c)
+    chunks = body[:, torch.minimum(pos, tb - 1)]  # [B, N, C]
     chunks = torch.where(inside, chunks, torch.full_like(chunks, pad_id))
     # window k is needed while window k-1 (ending at start_k - step + c) stops short of the end
     valid = (starts[None, :] - step + c < content[:, None]) | (starts[None, :] == 0)  # [B, N]
     filled = inside.sum(2)  # [B, N] content tokens per window
     heads = first[:, :, None].expand(-1, chunks.shape[1], 1)
-    out = torch.cat([heads, chunks, torch.full_like(heads, pad_id)], 2)  # [B, N, window]
-    at = torch.arange(window, device=input_ids.device)[None, None, :]
+    out = torch.cat([heads, chunks, torch.full_like(heads, pad_id)], 2)  # [B, N, C + 2]
+    at = torch.arange(c + 2, device=input_ids.device)[None, None, :]
     out = torch.where(at == (filled + 1)[:, :, None], last[:, :, None].expand_as(out), out)
     return out, valid
 
@@ -338,7 +340,7 @@ class HFClassifier(ModelContract):
         windows, valid = text_windows(input_ids, self.pad_id, self.window, self.window_stride)
         n = windows.shape[1]
         kept = torch.nonzero(valid.reshape(-1)).squeeze(1)  # [m]: only the windows texts have
-        logits = self.hf(**self._inputs(windows.reshape(-1, self.window)[kept])).logits
+        logits = self.hf(**self._inputs(windows.reshape(-1, windows.shape[2])[kept])).logits
         owner = torch.div(kept, n, rounding_mode="floor")
         return pool_windows(
             logits, owner, torch._shape_as_tensor(input_ids)[0], self.window_pooling
