@@ -67,6 +67,23 @@ def export(run: str, threads: int) -> str:
     return out
 
 
+def write_row(path: str, corpus: str, name: str, ensemble_dir: str, vs_best_peer: dict | None, served_arg: str | None) -> None:  # fmt: skip
+    """The suite result holding one ensemble row (``studies.suite_report.ensemble_entry``),
+    for ``xdpx suite --merge``; ``served_arg`` is ``SERVE.json[:MODEL]``
+    (``bench/serve_students.py``'s report and the ensemble's name there, default ensemble)."""
+    from studies.suite_report import ensemble_entry
+
+    served = None
+    if served_arg:
+        report, _, model = served_arg.partition(":")
+        row = json.loads(io.read_text(report))["models"][model or "ensemble"]
+        served = {"req_s": row["throughput_rps"], "p99_ms": row["p99_ms"]}
+    entry = ensemble_entry(ensemble_dir, vs_best_peer, served)
+    io.write_text(
+        path, json.dumps({"runs": [], "ensembles": {corpus: {name: entry}}}, indent=2) + "\n"
+    )
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--corpus", required=True, choices=sorted(CORPORA))
@@ -79,6 +96,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--limit", type=int, help="at most N rows per split (a smoke run)")
     ap.add_argument("--work-dir", required=True)
     ap.add_argument("--json", required=True)
+    ap.add_argument("--suite-json", help="also write the suite's ensemble row here (a result for xdpx suite --merge)")  # fmt: skip
+    ap.add_argument("--served", metavar="SERVE.json[:MODEL]", help="bench/serve_students.py's report of the ensemble served (its model name, default ensemble): req/s and p99 for the row")  # fmt: skip
     args = ap.parse_args(argv)
     corpus = CORPORA[args.corpus]
     seed_dir = io.join(args.work_dir, args.corpus, f"seed-{args.seed}")
@@ -157,13 +176,15 @@ def main(argv: list[str] | None = None) -> dict:
             "encoder_prepro_train": enc["prepro_train_seconds"],
         },  # fmt: skip
         "ensemble_dir": io.join(seed_dir, "ensemble"),
+        "json": args.json,
     }
     if abs(vs_peer["a"] - ens) > 1e-9:
         raise SystemExit(
             f"the served ensemble scores test {vs_peer['a']:.4f}, its report {ens:.4f}"
         )
     io.write_text(args.json, json.dumps(out, indent=2) + "\n")
-    log(f"ensemble {out['weights']}: test {ens:.4f} vs best peer {best} {vs_peer['b']:.4f}: {vs_peer['diff'] * 100:+.2f} ± {vs_peer['se'] * 100:.2f} pts")  # fmt: skip
+    if args.suite_json:  # the suite's row: `xdpx suite --merge reports/suite.json --merge THIS`
+        write_row(args.suite_json, args.corpus, f"n-gram + {name}", out["ensemble_dir"], {**out["vs_best_peer"], "peer": best}, args.served)  # fmt: skip
     return out
 
 

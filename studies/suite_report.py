@@ -217,6 +217,52 @@ def student_entry(report_dir: str, teacher: str, seeds_file: str | None = None) 
     }
 
 
+def ensemble_entry(
+    ensemble_dir: str,
+    vs_best_peer: dict[str, Any] | None = None,
+    served: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """An ensemble's row of the suite (``ensembles``; the which-model table and plots): an
+    ``xdpx ensemble`` directory built on a suite corpus's split.
+
+    Args:
+        ensemble_dir: the directory; its ``report.json`` (weights, dev and test metrics, the
+            paired comparisons with every member) is read.
+        vs_best_peer: the paired comparison on test with the suite's best peer
+            (:func:`xdpx.metrics.paired_comparison`: ``diff``, ``se``, ``p``; and ``peer``,
+            its name), or None (not compared).
+        served: ``{"req_s", "p99_ms"}`` of the ensemble served at 64 clients
+            (``bench/serve_students.py``), or None (not served yet).
+
+    Returns:
+        ``{"members", "weights", "k", "dev", "test", "macro_f1", "members_test",
+        "members_dev", "vs_members", "vs_best_peer", "req_s", "p99_ms", "report"}``;
+        accuracies are fractions, a comparison ``{"diff", "se", "p"}`` on test.
+    """
+    report = json.loads(io.read_text(io.join(ensemble_dir, "report.json")))
+    splits = report["splits"]
+    return {
+        "members": [m["name"] for m in report["members"]],
+        "weights": report["weights"],
+        "k": 1,
+        "dev": splits["dev"]["accuracy"],
+        "test": splits.get("test", {}).get("accuracy"),
+        "macro_f1": splits.get("test", {}).get("macro_f1"),
+        "members_dev": {m["name"]: m["splits"]["dev"]["accuracy"] for m in report["members"]},
+        "members_test": {
+            m["name"]: m["splits"].get("test", {}).get("accuracy") for m in report["members"]
+        },  # fmt: skip
+        "vs_members": {
+            m: {k: c[k] for k in ("diff", "se", "p")}
+            for m, c in report["paired"].get("test", {}).items()
+        },  # fmt: skip
+        "vs_best_peer": vs_best_peer,
+        "req_s": (served or {}).get("req_s"),
+        "p99_ms": (served or {}).get("p99_ms"),
+        "report": io.join(ensemble_dir, "report.json"),
+    }
+
+
 #: What an older single-run suite result (``reports/suite-stsb-minilm.json``: ``xdpx`` an
 #: ``hf_classifier``, ``baseline`` instead of ``peers``) says of its encoder row, as a note.
 LEGACY_NOTE = (
@@ -288,7 +334,8 @@ def merge_results(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     encoders alone (``--encoder-only``, run for hours one corpus at a time): the n-gram runs
     grouped by corpus (in order of first appearance) and by seed, each corpus's summary
     recomputed from all its runs; the encoder runs likewise by corpus, encoder and seed; the
-    distilled students (``students``, :func:`student_entry`) by corpus and name. An older
+    distilled students (``students``, :func:`student_entry`) and the ensembles (``ensembles``,
+    :func:`ensemble_entry`) by corpus and name. An older
     encoder result (:func:`legacy_encoder_runs`) is converted.
 
     Raises:
@@ -298,15 +345,16 @@ def merge_results(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """
     by_corpus: dict[str, dict[int, dict[str, Any]]] = {}
     by_encoder: dict[str, dict[tuple[str, int], dict[str, Any]]] = {}
-    students: dict[str, dict[str, dict[str, Any]]] = {}
+    named_rows: dict[str, dict[str, dict[str, dict[str, Any]]]] = {k: {} for k in NAMED_SECTIONS}
     for result in results:
         if _is_legacy_encoder(result):
             result = {"runs": [], "encoder_runs": legacy_encoder_runs(result)}
-        for corpus, named in (result.get("students") or {}).items():
-            for name, entry in named.items():
-                if name in students.get(corpus, {}):
-                    raise ValueError(f"corpus {corpus!r} student {name!r} is in two suite results")  # fmt: skip
-                students.setdefault(corpus, {})[name] = entry
+        for section, rows in named_rows.items():
+            for corpus, named in (result.get(section) or {}).items():
+                for name, entry in named.items():
+                    if name in rows.get(corpus, {}):
+                        raise ValueError(f"corpus {corpus!r} {section[:-1]} {name!r} is in two suite results")  # fmt: skip
+                    rows.setdefault(corpus, {})[name] = entry
         for run in result.get("runs") or []:
             seeds = by_corpus.setdefault(run["corpus"], {})
             if run["seed"] in seeds:
@@ -329,18 +377,25 @@ def merge_results(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     ]
     if len({bool(run.get("dev_only")) for run in runs + encoder_runs}) > 1:
         raise ValueError("cannot merge --dev-only runs with runs scored on the test files")
-    return _result(runs, encoder_runs, students)
+    return _result(runs, encoder_runs, named_rows["students"], named_rows["ensembles"])
+
+
+#: The per-corpus sections of named rows that :func:`merge_results` carries over:
+#: ``{section: {corpus: {name: entry}}}`` (:func:`student_entry`, :func:`ensemble_entry`).
+NAMED_SECTIONS = ("students", "ensembles")
 
 
 def _result(
     runs: list[dict[str, Any]],
     encoder_runs: Sequence[dict[str, Any]] = (),
     students: dict[str, dict[str, dict[str, Any]]] | None = None,
+    ensembles: dict[str, dict[str, dict[str, Any]]] | None = None,
 ) -> dict[str, Any]:
     """:func:`run_suite`'s result from its runs (in corpus, then seed order): the per-corpus
     summaries, the mean over corpora (its SE ``sqrt(sum SE_i^2) / n``: the corpora are
     independent), the table, the encoders' runs and per-corpus means, and the distilled
-    students (``{corpus: {name: student_entry(...)}}``) when there are any."""
+    students (``{corpus: {name: student_entry(...)}}``) and the ensembles
+    (``{corpus: {name: ensemble_entry(...)}}``) when there are any."""
     by_corpus: dict[str, list[dict[str, Any]]] = {}
     for run in runs:
         by_corpus.setdefault(run["corpus"], []).append(run)
@@ -375,4 +430,6 @@ def _result(
         out.update(encoder_runs=list(encoder_runs), encoders=encoders)
     if students:
         out["students"] = students
+    if ensembles:
+        out["ensembles"] = ensembles
     return out

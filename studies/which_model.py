@@ -214,8 +214,9 @@ def which_model_tables(
     encoders_by_corpus = result.get("encoders") or {}
     ngram_served = read_serve_load(serve_load)
     encoder_served = read_serve_encoder(serve_encoder)
-    names = [c for c in CORPORA if c in per_corpus or c in encoders_by_corpus]
-    names += [c for c in [*per_corpus, *encoders_by_corpus] if c not in names]
+    ensembles = result.get("ensembles") or {}
+    names = [c for c in CORPORA if c in per_corpus or c in encoders_by_corpus or c in ensembles]
+    names += [c for c in [*per_corpus, *encoders_by_corpus, *ensembles] if c not in names]
     plots = which_model_points(result, serve_load, serve_encoder)
     out = []
     notes: list[str] = []
@@ -272,6 +273,19 @@ def which_model_tables(
                 f"ships: {st['shipped']}) | {st['k']} | {_pct(st.get('test'))} | – | "
                 f"{_pct(st.get('dev'))} | – | – | {_ngram_serving_cell(ngram_served, corpus)} "
                 "(the n-gram model) |"
+            )
+        for name, en in (ensembles.get(corpus) or {}).items():
+            weights = ", ".join(f"{m} {w:.2f}" for m, w in en["weights"].items())
+            peer = en.get("vs_best_peer") or {}
+            vs = (
+                f"; vs best peer {100 * peer['diff']:+.2f} ± {100 * peer['se']:.2f}" if peer else ""
+            )
+            p99 = f", p99 {en['p99_ms']:.0f} ms" if en.get("p99_ms") is not None else ""
+            req = f"{en['req_s']:,.0f}{p99}" if en.get("req_s") is not None else "–"
+            lines.append(
+                f"| {name} (`xdpx ensemble`, weights on dev: {weights}{vs}) | {en['k']} | "
+                f"{_pct(en.get('test'))} | {_pct(en.get('macro_f1'))} | {_pct(en.get('dev'))} | "
+                f"– | – | {req} |"
             )
         ngram = {"test": s["mean_xdpx"], "seconds": ngram_s} if s else None
         encoder_req = {n: _best_served(_encoder_serving(encoder_served, n)) for n in encs}

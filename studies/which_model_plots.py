@@ -42,6 +42,7 @@ _STYLE = {
     "n-gram": ("C0", "o", "n-gram default"),
     "students": ("C2", "^", "distilled student"),
     "encoders": ("C1", "s", "fine-tuned encoder"),
+    "ensembles": ("C3", "*", "ensemble (weights chosen on dev)"),
     None: ("C4", "D", "other"),
 }
 

