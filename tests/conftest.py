@@ -16,41 +16,45 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     _share = (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _share)))
 
-# The slowest test files, slowest first (seconds per file measured under `make test` on
-# 2 cores, 2026-11-28: dvc 141, doctor 101, multinode 92, hf 90, scale 87, distributed 82,
-# deploy 75, dvc_queue 67, remote 63, flow 58, cv 48, gpu_check 47, bench_scale 44, suite 44,
-# dvc_remote 43, mlm 33, record 28, freelb 23, resume 21, server 21; every other file under
-# 20; added 2026-12-01 by their time alone on 1 thread: transformer_students ~60,
-# bench_serve_students ~38, trim ~37, static ~29). They start first, longest first, so that under pytest-xdist no long file is left to
-# run alone at the end. This needs `--no-loadscope-reorder` (the Makefile passes it): by
-# default pytest-xdist >= 3.6 reorders files by their number of tests, which put these (1-13
-# tests each) last and left one worker idle for ~5 of the suite's 16 minutes.
+# The slowest test files, slowest first (seconds per file, setup included, measured under
+# `make test` on 2 cores, 2026-12-02, sharing the cores with a bench: hf 130, dvc_queue 117,
+# deploy 113, distill_pipeline 110, dvc 95, scale 87, multinode 81, doctor 74, flow 69,
+# remote 68, dvc_remote 63, record 63, cv 61, trim 59, distributed 56, mlm 55, bench_scale
+# 50, gpu_check 48, suite 47, resume 36, data 28, freelb 27, tune 26, transformer_students
+# 22, ensemble ~22, server ~21, bench_serve_students 21; every other file under 20). They
+# start first, longest first, so that under pytest-xdist no long file is left to run alone
+# at the end. This needs `--no-loadscope-reorder` (the Makefile passes it): by default
+# pytest-xdist >= 3.6 reorders files by their number of tests, which put these (1-13 tests
+# each) last and left one worker idle for ~5 of the suite's 16 minutes.
 _SLOW_FIRST = (
-    "test_dvc.py",
-    "test_distill_pipeline.py",
-    "test_doctor.py",
-    "test_multinode.py",
     "test_hf.py",
-    "test_scale.py",
-    "test_distributed.py",
-    "test_deploy.py",
     "test_dvc_queue.py",
-    "test_remote.py",
-    "test_transformer_students.py",
+    "test_deploy.py",
+    "test_distill_pipeline.py",
+    "test_dvc.py",
+    "test_scale.py",
+    "test_multinode.py",
+    "test_doctor.py",
     "test_flow.py",
-    "test_cv.py",
-    "test_gpu_check.py",
-    "test_bench_scale.py",
-    "test_suite.py",
+    "test_remote.py",
     "test_dvc_remote.py",
-    "test_bench_serve_students.py",
-    "test_trim.py",
-    "test_mlm.py",
-    "test_static.py",
     "test_record.py",
-    "test_freelb.py",
+    "test_cv.py",
+    "test_trim.py",
+    "test_distributed.py",
+    "test_mlm.py",
+    "test_bench_scale.py",
+    "test_gpu_check.py",
+    "test_suite.py",
     "test_resume.py",
+    "test_data.py",
+    "test_freelb.py",
+    "test_tune.py",
+    "test_transformer_students.py",
+    "test_ensemble.py",
     "test_server.py",
+    "test_bench_serve_students.py",
+    "test_static.py",
 )
 
 

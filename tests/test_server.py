@@ -64,6 +64,12 @@ class Server:
         assert m, f"{name}{labels} is not in /metrics:\n{text[:2000]}"  # a missing one is no 0
         return float(m.group(1))
 
+    def stop_gracefully(self) -> None:
+        """:meth:`stop`, which must end the server cleanly: status 0, or uvicorn re-raising
+        SIGTERM after its graceful stop."""
+        code = self.stop()
+        assert code in (0, -signal.SIGTERM), f"the server exited with {code}"
+
     def stop(self) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -210,10 +216,7 @@ def test_single_text_predictions_equal_stages_predict_and_v2_round_trip(single):
         # Triton's own client, with its defaults (binary tensor data for BYTES in and out)
         triton_round_trip(server, "run", [texts[:23]], labels[:23], probs[:23])
     finally:
-        assert server.stop() in (
-            0,
-            -signal.SIGTERM,
-        )  # uvicorn re-raises SIGTERM after a graceful stop
+        server.stop_gracefully()
 
 
 @pytest.mark.e2e
@@ -238,10 +241,7 @@ def test_pair_predictions_equal_stages_predict(pairs):
         single = server.post("/predict", json={"texts": ["a"]})
         assert single.status_code == 422 and "pair model" in single.text
     finally:
-        assert server.stop() in (
-            0,
-            -signal.SIGTERM,
-        )  # uvicorn re-raises SIGTERM after a graceful stop
+        server.stop_gracefully()
 
 
 @pytest.mark.e2e
@@ -266,7 +266,7 @@ def test_int8_export_scores_like_fp32_and_serves(single, real_subset):
         agree = np.mean(np.array(r.json()["labels"]) == pred["pred_label"].to_numpy())
         assert agree >= 0.95, agree
     finally:
-        assert server.stop() in (0, -signal.SIGTERM)
+        server.stop_gracefully()
     # exported again without quantize: no int8 graph of the earlier export is left behind
     export.run(ExportConfig(checkpoint=f"{run}/<best>", data_dir=prepared, out_dir=str(out)))
     assert not (out / "model.int8.onnx").exists()
@@ -348,10 +348,7 @@ def test_flood_bad_bodies_metrics_and_graceful_shutdown(single):
 
         assert asyncio.run(in_flight()) == [200, 200, 200]
     finally:
-        assert server.stop() in (
-            0,
-            -signal.SIGTERM,
-        )  # uvicorn re-raises SIGTERM after a graceful stop
+        server.stop_gracefully()
 
 
 # ---------------------------------------------------------------------------- the batcher
