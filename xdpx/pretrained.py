@@ -13,6 +13,11 @@
   directory): converted once into the cache (:func:`checkpoint_as_pretrained`),
   so a student starts from a fine-tuned teacher (with ``hf_config: {num_hidden_layers: L}``
   its embeddings, first L layers and head) and prepro tokenizes with its tokenizer;
+* a Google-format BERT TensorFlow checkpoint (a directory with ``bert_config.json``,
+  ``vocab.txt`` and ``bert_model.ckpt.*``, or the checkpoint's prefix): read without
+  TensorFlow (every tensor's CRC32C checked) and converted once into the cache
+  (:func:`xdpx.tf_checkpoint.convert_google_bert`; ``xdpx convert-tf`` writes the same
+  directory where you say);
 * ``trimmed:<name>``: a model whose vocabulary ``xdpx trim-vocab SOURCE trimmed:<name>``
   trimmed to a corpus (:mod:`xdpx.trim`), kept in ``$XDPX_CACHE/pretrained/trimmed/<name>``
   (:func:`trimmed_dir`); found by name, never built here (an absent one is an error that
@@ -121,6 +126,8 @@ def resolve_pretrained(path: str) -> str:
     if path.startswith(PKG_PREFIX):
         return _package_dir(path)
     if io.is_local(path):
+        if _is_google_bert(path):
+            return _tf_dir(path)
         checkpoint = _xdpx_checkpoint(path)
         if checkpoint is not None:
             return _checkpoint_dir(checkpoint)
@@ -239,6 +246,35 @@ def checkpoint_as_pretrained(checkpoint: str, dest: str) -> str:
     shutil.rmtree(dest, ignore_errors=True)
     os.replace(tmp, dest)
     return dest
+
+
+def _is_google_bert(path: str) -> bool:
+    """True for a Google-format BERT TensorFlow checkpoint: a directory (or a checkpoint
+    prefix / ``.index`` file in one) holding ``bert_config.json`` and a checkpoint."""
+    from xdpx.tf_checkpoint import is_tf_checkpoint
+
+    directory = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    return os.path.isfile(os.path.join(directory, "bert_config.json")) and is_tf_checkpoint(path)
+
+
+def _tf_dir(path: str) -> str:
+    """:func:`xdpx.tf_checkpoint.convert_google_bert` once into the cache
+    (``$XDPX_CACHE/pretrained/tf-<sha1>``, keyed by the checkpoint's index, which holds every
+    tensor's CRC32C, its ``bert_config.json`` and ``vocab.txt``)."""
+    from xdpx.tf_checkpoint import IMPORT_RECORD, checkpoint_prefix, convert_google_bert
+
+    prefix = checkpoint_prefix(path)
+    directory = path if os.path.isdir(path) else os.path.dirname(prefix)
+    digest = hashlib.sha1()
+    for name in (prefix + ".index", os.path.join(directory, "bert_config.json"), os.path.join(directory, "vocab.txt")):  # fmt: skip
+        if os.path.isfile(name):
+            with open(name, "rb") as f:
+                digest.update(f.read())
+    target = os.path.join(io.cache_dir("pretrained"), "tf-" + digest.hexdigest()[:16])
+    if not os.path.isfile(os.path.join(target, IMPORT_RECORD)):
+        log.info("converting the TensorFlow checkpoint %s to a transformers directory %s", prefix, target)  # fmt: skip
+        convert_google_bert(path, target)
+    return target
 
 
 def _checkpoint_dir(checkpoint: str) -> str:

@@ -14,7 +14,8 @@ imported only when their command runs.
 The package: this module (the app, the stage commands, viz, serve, doctor, trim-vocab, cv,
 distill, the entry points), :mod:`xdpx.cli.files` (``xdpx io``, ``xdpx script``),
 :mod:`xdpx.cli.study_commands` (``xdpx suite``, ``xdpx tune``), :mod:`xdpx.cli.ensemble_command`
-(``xdpx ensemble``) and :mod:`xdpx.cli.common`.
+(``xdpx ensemble``), :mod:`xdpx.cli.tf_commands` (``xdpx convert-tf``, ``xdpx export-tf``) and
+:mod:`xdpx.cli.common`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from xdpx.cli.common import _user_errors
 from xdpx.cli.ensemble_command import ensemble
 from xdpx.cli.files import io_app, script_app
 from xdpx.cli.study_commands import suite, tune
+from xdpx.cli.tf_commands import convert_tf, export_tf
 
 __all__ = ["app"]
 
@@ -358,6 +360,8 @@ def trim_vocab(
 # ------------------------------------------------------------------ suite, tune (xdpx/cli/study_commands.py)
 app.command("suite")(suite)
 app.command("ensemble")(ensemble)
+app.command("convert-tf")(convert_tf)
+app.command("export-tf")(export_tf)
 app.command("tune")(tune)
 
 
