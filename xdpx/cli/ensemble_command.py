@@ -17,6 +17,7 @@ def ensemble(
     step: float = typer.Option(0.05, "--step", min=0.001, max=1.0, help="The weight grid's step (two members), or 1/rounds of greedy ensemble selection (more)."),
     int8: bool = typer.Option(False, "--int8", help="Use and serve the members' int8 graphs (model.int8.onnx; export.quantize=int8)."),
     threads: int = typer.Option(None, "--threads", min=1, help="onnxruntime threads per member (default: the library's)."),
+    name: list[str] = typer.Option(None, "--name", "-n", help="The members' names in the report, in order (repeatable; default: their run directories' names)."),
 ) -> None:  # fmt: skip
     """A probability-averaging ensemble of trained runs, weights chosen on dev, served as one model.
 
@@ -36,6 +37,8 @@ def ensemble(
 
     `xdpx ensemble models/a models/b models/c --out models/abc --metric macro_f1 --int8`
 
+    `xdpx ensemble models/default models/minilm -n ngram -n minilm --out models/ensemble`
+
     `xdpx serve models/ensemble --http --port 8000`
     """
     from xdpx.ensemble import build_ensemble
@@ -43,7 +46,7 @@ def ensemble(
     with _user_errors():
         report = build_ensemble(
             members, out, dev, test, metric, step,
-            "model.int8.onnx" if int8 else "model.onnx", threads,
+            "model.int8.onnx" if int8 else "model.onnx", threads, names=name or None,
         )  # fmt: skip
     for s, m in report["splits"].items():
         line = f"{s}: ensemble {metric} {m[metric]:.4f}"
