@@ -165,6 +165,18 @@ def ensure_export(path: str, int8: bool = True) -> Path:
     return _export(ckpt, run / f"export-{Path(ckpt).name}")  # both hold other exports: redo
 
 
+def graph_facts(export_dir: Path, int8: bool) -> dict[str, Any]:
+    """``{"kind", "onnx_mb"}`` of an export (its ``report.json``'s model and the graph's size),
+    or of an ensemble directory (``ensemble``, its members' graphs together)."""
+    spec = export_dir / "ensemble.json"
+    if spec.is_file():
+        members = json.loads(spec.read_text())["members"]
+        size = sum((export_dir / m["dir"] / m.get("onnx_file", ONNX)).stat().st_size for m in members)
+        return {"kind": "ensemble", "onnx_mb": size / 2**20}
+    report = json.loads((export_dir / REPORT).read_text())
+    return {"kind": report.get("model"), "onnx_mb": (export_dir / (INT8 if int8 else ONNX)).stat().st_size / 2**20}  # fmt: skip
+
+
 def _export(ckpt: str, out: Path) -> Path:
     """The ``export`` stage on ``ckpt`` into ``out`` (fp32 + int8)."""
     from stages import export
@@ -358,15 +370,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     results = summarise(specs, raw, reference)
     for s in specs:
-        report = json.loads((exports[s.name] / REPORT).read_text())
-        onnx_file = exports[s.name] / (INT8 if s.int8 else ONNX)
         results[s.name] = {
             "name": s.name,
             "path": s.path,
             "export": str(exports[s.name]),
             "variant": s.variant,
-            "kind": report.get("model"),
-            "onnx_mb": onnx_file.stat().st_size / 2**20,
+            **graph_facts(exports[s.name], s.int8),
             **accuracy(labels[s.name], gold, labels[reference]),
             **results[s.name],
         }

@@ -147,16 +147,18 @@ def guidance(
     encoders: Mapping[str, dict[str, Any]],
     ngram_req_s: float | None = None,
     encoder_req_s: Mapping[str, float | None] | None = None,
+    ensembles: Mapping[str, dict[str, Any]] | None = None,
 ) -> str:
-    """One line per corpus from the numbers: per encoder, the test points over the n-gram
-    default and the time (and served-throughput) factor they cost; the verdict is the
-    n-gram default unless an encoder is ahead.
+    """One line per corpus from the numbers: per encoder and per ensemble, the test points
+    over the n-gram default and the time (and served-throughput) factor they cost; the
+    verdict is the n-gram default unless one of them is ahead.
 
     Args:
         corpus: the corpus's name.
         ngram: ``{"test", "seconds"}`` of the n-gram default (None: not run).
         encoders: name -> :func:`~studies.suite.summarize_encoder`.
         ngram_req_s, encoder_req_s: served requests per second, where known.
+        ensembles: name -> :func:`~studies.suite_report.ensemble_entry` (its own ``req_s``).
     """
     if not encoders:
         return (
@@ -180,6 +182,15 @@ def guidance(
         parts.append(f"{name} {points:+.2f} points" + (f" for {' and '.join(cost)}" if cost else ""))  # fmt: skip
         if points > 0:
             ahead.append((points, name))
+    for name, en in (ensembles or {}).items():
+        if en.get("test") is None:
+            continue
+        points = 100 * (en["test"] - ngram["test"])
+        served = en.get("req_s")
+        cost = f" for {ngram_req_s / served:,.0f}× fewer requests served per second" if served and ngram_req_s else ""  # fmt: skip
+        parts.append(f"the {name} ensemble {points:+.2f} points{cost}")
+        if points > 0:
+            ahead.append((points, f"the {name} ensemble"))
     if not parts:
         return "No encoder with a test score."
     if ahead:
@@ -189,7 +200,7 @@ def guidance(
             "default otherwise"
         )
     else:
-        verdict = "**the n-gram default**: no encoder is ahead on test"
+        verdict = "**the n-gram default**: no encoder or ensemble is ahead on test"
     return f"{verdict} ({'; '.join(parts)})."
 
 
@@ -290,7 +301,7 @@ def which_model_tables(
         ngram = {"test": s["mean_xdpx"], "seconds": ngram_s} if s else None
         encoder_req = {n: _best_served(_encoder_serving(encoder_served, n)) for n in encs}
         ngram_req = ngram_served["req_s"] if ngram_served else None
-        lines += ["", "Guidance: " + guidance(corpus, ngram, encs, ngram_req, encoder_req)]
+        lines += ["", "Guidance: " + guidance(corpus, ngram, encs, ngram_req, encoder_req, ensembles.get(corpus))]
         if corpus in plots:
             lines += ["", f"![{corpus}: test accuracy against served requests per second]({plot_file(corpus)})"]  # fmt: skip
         out.append("\n".join(lines))
