@@ -653,8 +653,10 @@ def export_google_bert(checkpoint: str, out_dir: str) -> dict[str, Any]:
     hf_config = (saved.get("model_config") or {}).get("hf_config") or {}
     if saved.get("model") != "hf_classifier" or hf_config.get("model_type") != "bert":
         raise ValueError(f"{real}: a TF checkpoint in Google's BERT layout needs a BERT-family hf_classifier (got model {saved.get('model')!r}, model_type {hf_config.get('model_type')!r})")  # fmt: skip
-    meta = json.loads(io.read_text(io.join(real, "meta.json")))
-    tokenizer = resolve_pretrained((meta.get("prepro") or {}).get("tokenizer_path") or "")
+    from xdpx.data.meta import PreparedMeta
+
+    meta = PreparedMeta.read(real)
+    tokenizer = resolve_pretrained((meta.prepro or {}).get("tokenizer_path") or "")
     vocab = os.path.join(tokenizer, "vocab.txt")
     if not os.path.isfile(vocab):
         raise ValueError(f"{tokenizer}: no WordPiece vocab.txt: Google's BERT layout needs one")
@@ -667,6 +669,6 @@ def export_google_bert(checkpoint: str, out_dir: str) -> dict[str, Any]:
     io.write_text(io.join(out_dir, "bert_config.json"), json.dumps(config, indent=2) + "\n")
     with open(vocab, encoding="utf-8") as f:
         io.write_text(io.join(out_dir, "vocab.txt"), f.read())
-    labels = list(meta.get("labels", []))
+    labels = list(meta.labels)
     io.write_text(io.join(out_dir, "target_map.txt"), "\n".join(labels) + "\n")
     return {"checkpoint": real, "prefix": prefix, "tensors": len(tensors), "labels": labels}
