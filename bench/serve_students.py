@@ -171,7 +171,9 @@ def graph_facts(export_dir: Path, int8: bool) -> dict[str, Any]:
     spec = export_dir / "ensemble.json"
     if spec.is_file():
         members = json.loads(spec.read_text())["members"]
-        size = sum((export_dir / m["dir"] / m.get("onnx_file", ONNX)).stat().st_size for m in members)
+        size = sum(
+            (export_dir / m["dir"] / m.get("onnx_file", ONNX)).stat().st_size for m in members
+        )
         return {"kind": "ensemble", "onnx_mb": size / 2**20}
     report = json.loads((export_dir / REPORT).read_text())
     return {"kind": report.get("model"), "onnx_mb": (export_dir / (INT8 if int8 else ONNX)).stat().st_size / 2**20}  # fmt: skip

@@ -301,7 +301,11 @@ def which_model_tables(
         ngram = {"test": s["mean_xdpx"], "seconds": ngram_s} if s else None
         encoder_req = {n: _best_served(_encoder_serving(encoder_served, n)) for n in encs}
         ngram_req = ngram_served["req_s"] if ngram_served else None
-        lines += ["", "Guidance: " + guidance(corpus, ngram, encs, ngram_req, encoder_req, ensembles.get(corpus))]
+        lines += [
+            "",
+            "Guidance: "
+            + guidance(corpus, ngram, encs, ngram_req, encoder_req, ensembles.get(corpus)),
+        ]
         if corpus in plots:
             lines += ["", f"![{corpus}: test accuracy against served requests per second]({plot_file(corpus)})"]  # fmt: skip
         out.append("\n".join(lines))
