@@ -42,7 +42,7 @@ from tqdm.auto import tqdm
 
 from xdpx import io
 from xdpx.serving.ensemble import ENSEMBLE_FILE, EnsembleModel, label_orders, weighted_probs
-from xdpx.serving.runtime import ServedModel
+from xdpx.serving.runtime import ServedModel, find_export
 
 __all__ = [
     "ENSEMBLE_BATCH",
@@ -66,9 +66,9 @@ def member_export(path: str, onnx_file: str = "model.onnx") -> str:
         FileNotFoundError: neither has them; the message gives the export command.
     """
     path = str(path).rstrip("/")
-    for d in (path, io.join(path, "export")):
-        if io.exists(io.join(d, onnx_file)) and io.exists(io.join(d, "report.json")):
-            return d
+    found = find_export(path, onnx_file)
+    if found is not None:
+        return found
     hint = " export.quantize=int8" if onnx_file != "model.onnx" else ""
     raise FileNotFoundError(
         f"{path}: no {onnx_file} with report.json here or under export/; an ensemble serves its "
@@ -299,8 +299,9 @@ def build_ensemble(
         "method": "grid" if len(members) == 2 else "ensemble selection (Caruana et al. 2004)",
         "step": step,
     }
+    ensembled = {s: weighted_probs(probs[s], weights) for s in data}
     for s, (_, _, y) in data.items():
-        p = weighted_probs(probs[s], weights)
+        p = ensembled[s]
         report["splits"][s] = classification_metrics(y, p)
         report["paired"][s] = {
             name: paired_comparison(y, p.argmax(1), q.argmax(1), metric, p, q)
@@ -328,8 +329,7 @@ def build_ensemble(
         io.write_text(io.join(tmp, "report.json"), json.dumps(report, indent=2) + "\n")
         last = "test" if "test" in data else "dev"
         y = data[last][2]
-        p = weighted_probs(probs[last], weights)
-        cm = confusion_matrix(y, p.argmax(1), labels=list(range(len(labels))))
+        cm = confusion_matrix(y, ensembled[last].argmax(1), labels=list(range(len(labels))))
         from xdpx.viz import confusion_figure, save_figure
 
         title = f"ensemble {last}: {metric} {report['splits'][last][metric]:.4f}"

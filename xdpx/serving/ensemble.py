@@ -170,17 +170,13 @@ class EnsembleModel:
 
     def probs(self, samples: Sequence[tuple]) -> np.ndarray:
         """``[n, num_labels]`` float64: the weighted average of the members' probabilities
-        (:func:`weighted_probs`) of :meth:`encode`'s samples, in order. A member of weight 0
-        is not run."""
-        n = len(samples)
-        parts, weights, orders = [], [], []
-        for k, (m, w) in enumerate(zip(self.members, self.weights, strict=True)):
-            if w == 0.0:
-                continue
-            parts.append(m.probs([s[k] for s in samples]) if n else np.zeros((0, len(self.labels))))
-            weights.append(w)
-            orders.append(self.orders[k])
-        return weighted_probs(parts, np.asarray(weights) / sum(weights), orders)
+        (:func:`weighted_probs`) of :meth:`encode`'s samples, in order (``ensemble.json``
+        holds only members of weight > 0: :func:`xdpx.ensemble.build_ensemble` leaves the
+        others out)."""
+        if not samples:
+            return np.zeros((0, len(self.labels)))
+        parts = [m.probs([s[k] for s in samples]) for k, m in enumerate(self.members)]
+        return weighted_probs(parts, self.weights, self.orders)
 
 
 def load_served(run: str, backend: str = "auto", threads: int | None = None, onnx_file: str = "model.onnx") -> Any:  # fmt: skip

@@ -31,6 +31,7 @@ __all__ = [
     "ENCODER_MAX_PADDING",
     "OUTPUT_NAME",
     "ServedModel",
+    "find_export",
     "ort_logits",
     "ort_session",
     "refuse_regression",
@@ -53,6 +54,17 @@ def refuse_regression(encoder: Encoder, path: str) -> None:
             f"{path} is a regression model (prepro.label_type=score): xdpx serve answers with "
             "labels and probabilities; score texts with the predict stage (a score column)"
         )
+
+
+def find_export(run: str, onnx_file: str = "model.onnx") -> str | None:
+    """The export directory of ``run``: ``run`` itself when it holds ``onnx_file`` and
+    ``report.json`` (an export directory), else ``run/export`` when that does (a run
+    directory); None when neither does."""
+    run = str(run).rstrip("/")
+    for d in (run, io.join(run, "export")):
+        if io.exists(io.join(d, onnx_file)) and io.exists(io.join(d, "report.json")):
+            return d
+    return None
 
 
 def split_line(line: str, pair: bool, where: str = "<stdin>") -> tuple[str, str | None]:
@@ -134,9 +146,10 @@ class ServedModel:
         onnx_file: str = "model.onnx",
     ) -> None:
         run = run.rstrip("/")
-        export_dir = run if io.exists(io.join(run, onnx_file)) else io.join(run, "export")
+        found = find_export(run, onnx_file)
+        export_dir = found or io.join(run, "export")
         onnx_path = io.join(export_dir, onnx_file)
-        has_onnx = io.exists(onnx_path) and io.exists(io.join(export_dir, "report.json"))
+        has_onnx = found is not None
         if backend == "onnx" and not has_onnx:
             raise FileNotFoundError(
                 f"{onnx_path} (with report.json) not found: run the export stage "
