@@ -70,7 +70,6 @@ def main(argv: list[str] | None = None) -> dict:
 
     import numpy as np
     import torch
-    from safetensors import safe_open
 
     from xdpx.batching import pad_ids
     from xdpx.checkpoint import load_checkpoint
@@ -78,14 +77,13 @@ def main(argv: list[str] | None = None) -> dict:
     from xdpx.data import Encoder, PreparedMeta
     from xdpx.data.readers import read_examples
     from xdpx.inference import as_samples, call_model
+    from xdpx.pretrained import hf_state
     from xdpx.tf_checkpoint import export_google_bert, hf_to_google
 
     out = args.out or tempfile.mkdtemp(prefix="xdpx-tf-")
     exported = export_google_bert(args.checkpoint, f"{out}/tf")
     ckpt = load_checkpoint(args.checkpoint)
-    with safe_open(os.path.join(ckpt.path, "model.safetensors"), "np") as f:
-        state = {k.removeprefix("hf."): f.get_tensor(k) for k in f.keys() if k.startswith("hf.")}
-    np.savez(f"{out}/expected.npz", **{k.replace("/", "|"): v for k, v in hf_to_google(state).items()})  # fmt: skip
+    np.savez(f"{out}/expected.npz", **{k.replace("/", "|"): v for k, v in hf_to_google(hf_state(ckpt.path)).items()})  # fmt: skip
     encoder = Encoder.from_dir(ckpt.path)
     if encoder.pad_id != 0:
         raise SystemExit(f"{ckpt.path}: padding id {encoder.pad_id}: the SavedModel masks id 0 (BERT's)")  # fmt: skip

@@ -48,6 +48,7 @@ __all__ = [
     "TRIMMED_PREFIX",
     "TRIM_RECORD",
     "checkpoint_as_pretrained",
+    "hf_state",
     "quiet_transformers",
     "report_loading",
     "resolve_pretrained",
@@ -206,7 +207,6 @@ def checkpoint_as_pretrained(checkpoint: str, dest: str) -> str:
         FileNotFoundError: not a checkpoint.
         ValueError: the checkpoint's model is not a transformers one (no ``hf_config``).
     """
-    from safetensors import safe_open
     from safetensors.numpy import save_file
 
     real = _xdpx_checkpoint(checkpoint)
@@ -230,8 +230,7 @@ def checkpoint_as_pretrained(checkpoint: str, dest: str) -> str:
     tmp = f"{dest.rstrip('/')}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
-    with safe_open(os.path.join(real, "model.safetensors"), "np") as f:
-        state = {k.removeprefix("hf."): f.get_tensor(k) for k in f.keys() if k.startswith("hf.")}  # fmt: skip
+    state = hf_state(real)
     save_file(state, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
         json.dump(hf_config, f, indent=2)
@@ -275,6 +274,20 @@ def _tf_dir(path: str) -> str:
         log.info("converting the TensorFlow checkpoint %s to a transformers directory %s", prefix, target)  # fmt: skip
         convert_google_bert(path, target)
     return target
+
+
+def hf_state(checkpoint_dir: str) -> dict:
+    """The transformers model's weights in an xdpx ``hf_classifier`` / ``hf_mlm`` checkpoint
+    directory, under the model's own names (the ``hf.`` prefix dropped), as numpy arrays read
+    with safetensors' numpy API: no torch.
+
+    Returns:
+        key -> array, e.g. ``bert.encoder.layer.0.attention.self.query.weight``.
+    """
+    from safetensors import safe_open
+
+    with safe_open(os.path.join(checkpoint_dir, "model.safetensors"), "np") as f:
+        return {k.removeprefix("hf."): f.get_tensor(k) for k in f.keys() if k.startswith("hf.")}
 
 
 def _checkpoint_dir(checkpoint: str) -> str:

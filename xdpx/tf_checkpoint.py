@@ -642,9 +642,7 @@ def export_google_bert(checkpoint: str, out_dir: str) -> dict[str, Any]:
         ValueError: not a BERT-family ``hf_classifier`` (``model_type`` bert), or its
             tokenizer has no WordPiece ``vocab.txt``.
     """
-    from safetensors import safe_open
-
-    from xdpx.pretrained import _xdpx_checkpoint, resolve_pretrained
+    from xdpx.pretrained import _xdpx_checkpoint, hf_state, resolve_pretrained
 
     real = _xdpx_checkpoint(checkpoint)
     if real is None:
@@ -660,9 +658,7 @@ def export_google_bert(checkpoint: str, out_dir: str) -> dict[str, Any]:
     vocab = os.path.join(tokenizer, "vocab.txt")
     if not os.path.isfile(vocab):
         raise ValueError(f"{tokenizer}: no WordPiece vocab.txt: Google's BERT layout needs one")
-    with safe_open(os.path.join(real, "model.safetensors"), "np") as f:
-        state = {k.removeprefix("hf."): f.get_tensor(k) for k in f.keys() if k.startswith("hf.")}
-    tensors = hf_to_google(state)
+    tensors = hf_to_google(hf_state(real))
     prefix = io.join(out_dir, "bert_model.ckpt")
     write_bundle(prefix, tensors)
     config = {k: hf_config[k] for k in BERT_CONFIG_KEYS if k in hf_config}
