@@ -58,17 +58,17 @@ def queue_status(root: Path, env: dict, tries: int = 5) -> str:
     Raises:
         AssertionError: the command failed otherwise, or every try was a partial read.
     """
-    for _ in range(tries - 1):
+    for attempt in range(tries):
         proc = subprocess.run(
             ["dvc", "queue", "status"], cwd=root, env=env, capture_output=True, text=True,
             timeout=120,
         )  # fmt: skip
         if proc.returncode == 0:
             return proc.stdout + proc.stderr
-        if PARTIAL_READ not in proc.stdout + proc.stderr:
+        if PARTIAL_READ not in proc.stdout + proc.stderr or attempt == tries - 1:
             break
         time.sleep(1)
-    return sh("dvc", "queue", "status", cwd=root, env=env)
+    raise AssertionError(f"dvc queue status failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
 
 
 def start_worker(root: Path, env: dict) -> None:
