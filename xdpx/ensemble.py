@@ -27,6 +27,14 @@ The procedure (:func:`build_ensemble`):
    loaded back and its probabilities of 64 dev texts must equal the weighted average of its
    members' (1e-5), or nothing is written. Members of weight 0 are listed in the report and
    not copied.
+
+With ``cascade=MAX_DEFER`` (``xdpx ensemble --cascade``) the directory is a cascade
+(:mod:`xdpx.serving.ensemble`): member 0 answers alone where its top probability reaches a
+threshold, the weighted average of step 4 answers the rest. After step 4 the threshold is
+chosen on dev (:func:`choose_threshold`): of the thresholds that defer at most ``MAX_DEFER``
+of the dev texts, the one of the best dev ``metric`` (ties: fewer deferred). The report
+holds the deferred share of dev and test and the paired comparison of the cascade against
+the full average too. Member 0 is kept even at weight 0 (it answers the texts not deferred).
 """
 
 from __future__ import annotations
@@ -41,12 +49,20 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from xdpx import io
-from xdpx.serving.ensemble import ENSEMBLE_FILE, EnsembleModel, label_orders, weighted_probs
+from xdpx.serving.ensemble import (
+    ENSEMBLE_FILE,
+    EnsembleModel,
+    cascade_probs,
+    deferred_mask,
+    label_orders,
+    weighted_probs,
+)
 from xdpx.serving.runtime import ServedModel, find_export
 
 __all__ = [
     "ENSEMBLE_BATCH",
     "build_ensemble",
+    "choose_threshold",
     "choose_weights",
     "member_export",
     "model_probs",
@@ -162,6 +178,54 @@ def choose_weights(
     return [float(x) for x in best_w], trace
 
 
+def choose_threshold(
+    first: np.ndarray,
+    combined: np.ndarray,
+    y: np.ndarray,
+    max_defer: float,
+    metric: str = "accuracy",
+) -> tuple[float, list[dict[str, Any]]]:
+    """A cascade's confidence threshold, chosen on dev (see the module docstring).
+
+    Deferring the ``k`` texts of lowest top probability in ``first`` answers them with
+    ``combined`` and the rest with ``first``; every ``k`` from 0 to ``floor(max_defer * n)``
+    at which the threshold can fall (between two distinct confidences) is tried.
+
+    Args:
+        first: ``[n, num_labels]`` member 0's dev probabilities (the fast model).
+        combined: ``[n, num_labels]`` the full ensemble's dev probabilities.
+        y: ``[n]`` int gold classes.
+        max_defer: the largest share of dev texts deferred, in [0, 1].
+        metric: as :func:`choose_weights`.
+
+    Returns:
+        ``(threshold, trace)``: texts with top probability ``< threshold`` are deferred
+        (0.0: none); ``trace`` lists ``{"threshold", "deferred" (share), metric, "loss"}``
+        per candidate, in order of ``k``.
+
+    Raises:
+        ValueError: ``max_defer`` outside [0, 1], or the arrays' lengths differ.
+    """
+    if not 0 <= max_defer <= 1:
+        raise ValueError(f"max_defer must be in [0, 1], got {max_defer}")
+    n = len(y)
+    if len(first) != n or len(combined) != n:
+        raise ValueError(f"{len(first)} and {len(combined)} rows of probabilities for {n} labels")
+    conf = np.sort(np.asarray(first).max(axis=1))
+    trace: list[dict[str, Any]] = []
+    best: tuple | None = None
+    for k in range(int(np.floor(max_defer * n + 1e-9)) + 1):
+        if 0 < k < n and conf[k - 1] == conf[k]:
+            continue  # no threshold defers exactly these k texts
+        t = 0.0 if k == 0 else float((conf[k - 1] + conf[k]) / 2) if k < n else 1.0 + 1e-9
+        mask = deferred_mask(first, t)
+        value, neg_loss = _score(y, cascade_probs(first, [combined[mask]], [0.0, 1.0], t), metric)
+        trace.append({"threshold": round(t, 6), "deferred": round(k / n, 6), metric: value, "loss": -neg_loss})  # fmt: skip
+        if best is None or value > best[0]:  # ties: the fewer deferred, tried first
+            best = (value, t)
+    return best[1], trace
+
+
 def _read_split(model: ServedModel, path: str, labels: list[str]) -> tuple[list[str], list[str] | None, np.ndarray]:  # fmt: skip
     """Texts, second texts and ``[n]`` gold class indices of a raw file, read with
     ``model``'s prepro settings.
@@ -224,6 +288,7 @@ def build_ensemble(
     progress: bool = True,
     on_member: Callable[[str, float], None] | None = None,
     names: Sequence[str] | None = None,
+    cascade: float | None = None,
 ) -> dict[str, Any]:
     """Build, score and write an ensemble of ``members`` (see the module docstring).
 
@@ -239,17 +304,22 @@ def build_ensemble(
         progress: progress bars while the members score the files.
         on_member: called with (member name, seconds it took to score dev and test).
         names: the members' names (None: :func:`member_names` of their paths).
+        cascade: None: a weighted average; a share in [0, 1]: a cascade that defers at most
+            this share of the dev texts from member 0 (:func:`choose_threshold`).
 
     Returns:
         The report written to ``out_dir/report.json``: ``members`` (name, source, kind,
         weight, per split metrics), ``weights``, ``metric``, ``splits`` (the ensemble's
         metrics per split), ``paired`` (per split, per member: :func:`xdpx.metrics.
         paired_comparison` of the ensemble against it on ``metric``), ``trace`` (the dev
-        candidates), ``n`` (texts per split), ``seconds`` (per member, scoring).
+        candidates), ``n`` (texts per split), ``seconds`` (per member, scoring); a cascade's
+        also ``cascade``: ``threshold``, ``max_defer``, ``deferred`` (share per split),
+        ``trace`` (:func:`choose_threshold`'s), ``vs_average`` (per split, the paired
+        comparison against the full weighted average).
 
     Raises:
         ValueError: fewer than two members, an unknown metric, members of different
-            classes or tasks.
+            classes or tasks, ``cascade`` outside [0, 1].
         FileNotFoundError: a member has no export; no dev file.
         DataError: a malformed line of a raw file (file:line).
     """
@@ -259,6 +329,8 @@ def build_ensemble(
         raise ValueError(f"an ensemble needs two or more members, got {len(members)}")
     if metric not in ("accuracy", "macro_f1"):
         raise ValueError(f"metric must be accuracy or macro_f1, got {metric!r}")
+    if cascade is not None and not 0 <= cascade <= 1:
+        raise ValueError(f"cascade (the largest deferred share of dev) must be in [0, 1], got {cascade}")  # fmt: skip
     exports = [member_export(m, onnx_file) for m in members]
     models = [ServedModel(d, "onnx", threads, onnx_file) for d in exports]
     names = list(names) if names is not None else member_names(members)
@@ -300,6 +372,32 @@ def build_ensemble(
         "step": step,
     }
     ensembled = {s: weighted_probs(probs[s], weights) for s in data}
+    threshold = None
+    if cascade is not None:
+        threshold, steps = choose_threshold(probs["dev"][0], ensembled["dev"], y_dev, cascade, metric)  # fmt: skip
+        averaged = ensembled
+        ensembled = {}
+        for s in data:
+            mask = deferred_mask(probs[s][0], threshold)
+            ensembled[s] = cascade_probs(probs[s][0], [averaged[s][mask]], [0.0, 1.0], threshold)
+        report["method"] = f"cascade over the {report['method']} average"
+        report["cascade"] = {
+            "threshold": threshold,
+            "max_defer": cascade,
+            "deferred": {s: float(deferred_mask(probs[s][0], threshold).mean()) for s in data},
+            "trace": steps,
+            "vs_average": {
+                s: paired_comparison(
+                    data[s][2],
+                    ensembled[s].argmax(1),
+                    averaged[s].argmax(1),
+                    metric,
+                    ensembled[s],
+                    averaged[s],
+                )  # fmt: skip
+                for s in data
+            },
+        }
     for s, (_, _, y) in data.items():
         p = ensembled[s]
         report["splits"][s] = classification_metrics(y, p)
@@ -312,7 +410,7 @@ def build_ensemble(
             "name": name, "source": d, "kind": model.kind, "weight": weights[k],
             "splits": {s: classification_metrics(data[s][2], probs[s][k]) for s in data},
         })  # fmt: skip
-    kept = [k for k, w in enumerate(weights) if w > 0]
+    kept = [k for k, w in enumerate(weights) if w > 0 or (cascade is not None and k == 0)]
     spec = {
         "labels": labels,
         "pair": models[0].pair,
@@ -322,6 +420,8 @@ def build_ensemble(
             for k in kept
         ],
     }  # fmt: skip
+    if threshold is not None:
+        spec["cascade"] = {"threshold": threshold}
     tmp = io.tmp_sibling(out_dir)
     try:
         for k in kept:
@@ -335,7 +435,7 @@ def build_ensemble(
         title = f"ensemble {last}: {metric} {report['splits'][last][metric]:.4f}"
         save_figure(confusion_figure(cm, labels, title), io.join(tmp, "confusion.png"))
         io.write_text(io.join(tmp, ENSEMBLE_FILE), json.dumps(spec, indent=2) + "\n")
-        _check_written(tmp, data["dev"], probs["dev"], weights, threads)
+        _check_written(tmp, data["dev"], ensembled["dev"], threads)
         io.replace_dir(tmp, out_dir, marker=ENSEMBLE_FILE)
     except BaseException:
         io.rm(tmp, recursive=True) if io.exists(tmp) else None
@@ -344,16 +444,11 @@ def build_ensemble(
     return report
 
 
-def _check_written(
-    path: str,
-    dev: tuple,
-    dev_probs: Sequence[np.ndarray],
-    weights: Sequence[float],
-    threads: int | None,
-) -> None:
-    """The written ensemble, loaded back, gives the chosen weighted average of its members'
-    probabilities on the first 64 dev texts (within 1e-5: onnxruntime's sums differ in the
-    last bits with the batch a text is in).
+def _check_written(path: str, dev: tuple, want: np.ndarray, threads: int | None) -> None:
+    """The written ensemble, loaded back, gives the probabilities chosen on dev (``want``,
+    ``[n, num_labels]``: the weighted average of its members', or the cascade's) on the
+    first 64 dev texts (within 1e-5: onnxruntime's sums differ in the last bits with the
+    batch a text is in).
 
     Raises:
         AssertionError: it does not (nothing is moved into place then).
@@ -362,7 +457,7 @@ def _check_written(
     n = min(64, len(texts))
     served = EnsembleModel(path, threads)
     got = served.probs(served.encode(texts[:n], texts2[:n] if texts2 is not None else None))
-    want = weighted_probs([p[:n] for p in dev_probs], weights)
+    want = want[:n]
     diff = float(np.abs(got - want).max())
     if diff > 1e-5:
         raise AssertionError(f"the written ensemble's probabilities differ from its members' weighted average by {diff:.3g}")  # fmt: skip

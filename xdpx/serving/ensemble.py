@@ -7,7 +7,8 @@ An ensemble directory (written by :func:`xdpx.ensemble.build_ensemble`, ``xdpx e
   graph, ``report.json``, the encoder's files), copied whole;
 - ``ensemble.json`` (written last: it marks a complete ensemble): ``labels`` (the
   ensemble's class order), ``pair``, and per member ``dir``, ``name``, ``kind``,
-  ``onnx_file`` and ``weight`` (the weights sum to 1);
+  ``onnx_file`` and ``weight`` (the weights sum to 1); for a cascade also ``cascade``:
+  ``{"threshold": t}`` (see below);
 - ``report.json``, ``confusion.png``: how it was chosen and how it scores.
 
 :class:`EnsembleModel` has the surface of :class:`~xdpx.serving.runtime.ServedModel` that the
@@ -18,6 +19,17 @@ tokenizer; a batch of texts is one call of every member's graph (each cut into c
 similar length by its own :meth:`ServedModel.probs`), and its probabilities are
 ``sum_k w_k * p_k`` with every member's classes reordered to the ensemble's. Like
 :mod:`xdpx.serving.runtime`, importing this module imports no torch.
+
+A **cascade** (``xdpx ensemble --cascade``; Viola & Jones 2001's cascade of classifiers,
+for text models Wang et al. 2022, "Wisdom of Committees: An Overlooked Approach to Faster
+and More Accurate Models", ICLR) answers with member 0 alone (the fast one, e.g. the
+n-gram) wherever its top class probability is ``>= threshold``, and sends only the other
+texts to the rest of the members, answering those with the weighted average of all of them
+(:func:`cascade_probs`). The threshold is chosen on dev under a budget of deferred texts
+(:func:`xdpx.ensemble.choose_threshold`), so the slow members see a bounded share of the
+traffic: served throughput is about ``1 / (1 / R_0 + d / R_1)`` for a deferred share ``d``
+and members' rates ``R_0``, ``R_1``. A cascade's members other than member 0 encode only
+the deferred texts.
 """
 
 from __future__ import annotations
@@ -31,7 +43,15 @@ import numpy as np
 from xdpx import io
 from xdpx.serving.runtime import ServedModel, split_line
 
-__all__ = ["ENSEMBLE_FILE", "EnsembleModel", "is_ensemble", "load_served", "weighted_probs"]
+__all__ = [
+    "ENSEMBLE_FILE",
+    "EnsembleModel",
+    "cascade_probs",
+    "deferred_mask",
+    "is_ensemble",
+    "load_served",
+    "weighted_probs",
+]
 
 #: The file that marks (and describes) an ensemble directory.
 ENSEMBLE_FILE = "ensemble.json"
@@ -79,6 +99,43 @@ def weighted_probs(
     return out
 
 
+def deferred_mask(first: np.ndarray, threshold: float) -> np.ndarray:
+    """``[n]`` bool: the rows a cascade defers, those whose top class probability in
+    ``first`` (``[n, num_labels]``, member 0's probabilities) is below ``threshold``."""
+    return np.asarray(first).max(axis=1) < threshold
+
+
+def cascade_probs(
+    first: np.ndarray, rest: Sequence[np.ndarray], weights: Sequence[float], threshold: float
+) -> np.ndarray:
+    """A cascade's probabilities: ``first``'s row where :func:`deferred_mask` is False, else
+    the weighted average (:func:`weighted_probs`) of ``first`` and ``rest`` on that row.
+
+    Args:
+        first: ``[n, num_labels]`` member 0's probabilities, in the ensemble's class order.
+        rest: per other member ``[m, num_labels]``, in the ensemble's class order, of the
+            ``m`` deferred rows only (in their order in ``first``).
+        weights: all members' weights (member 0 first), summing to 1.
+        threshold: the cascade's confidence threshold (0: defer nothing; above 1: defer all).
+
+    Returns:
+        ``[n, num_labels]`` float64.
+
+    Raises:
+        ValueError: a member of ``rest`` has not one row per deferred row.
+    """
+    first = np.asarray(first, np.float64)
+    mask = deferred_mask(first, threshold)
+    out = first.copy()
+    m = int(mask.sum())
+    for k, p in enumerate(rest):
+        if len(p) != m:
+            raise ValueError(f"member {k + 1} has {len(p)} rows for {m} deferred ones")
+    if m:
+        out[mask] = weighted_probs([first[mask], *rest], weights)
+    return out
+
+
 def label_orders(
     labels: Sequence[str], member_labels: Sequence[Sequence[str]], where: Sequence[str]
 ) -> list[list[int]]:
@@ -109,6 +166,8 @@ class EnsembleModel:
         members: the members' :class:`ServedModel` (ONNX backend), in ``ensemble.json``'s
             order; weights: their weights; orders: each member's class columns in the
             ensemble's order (:func:`label_orders`).
+        threshold: a cascade's confidence threshold (None: a plain average);
+        seen, deferred: texts scored, and of them deferred to the other members (a cascade).
         name, labels, pair, kind (``"ensemble"``), backend (``"onnx"``), source,
         max_padding (the smallest of the members'), control_chars (member 0's).
 
@@ -143,6 +202,9 @@ class EnsembleModel:
         self.pair = pairs.pop()
         self.control_chars = self.members[0].control_chars
         self._max_padding = min(m.max_padding for m in self.members)
+        cascade = spec.get("cascade")
+        self.threshold: float | None = float(cascade["threshold"]) if cascade else None
+        self.seen = self.deferred = 0
 
     @property
     def max_padding(self) -> float:
@@ -156,7 +218,13 @@ class EnsembleModel:
             m.max_padding = value
 
     def encode(self, texts: Sequence[str], texts2: Sequence[str] | None = None) -> list[tuple]:
-        """One sample per text: the tuple of every member's sample (its own token ids)."""
+        """One sample per text: the tuple of every member's sample (its own token ids); a
+        cascade's: member 0's sample and the raw ``(text, text2)``, which the other members
+        encode in :meth:`probs` only when the text is deferred."""
+        if self.threshold is not None:
+            first = self.members[0].encode(texts, texts2)
+            raw = texts2 if texts2 is not None else [None] * len(texts)
+            return list(zip(first, texts, raw, strict=True))
         per_member = [m.encode(texts, texts2) for m in self.members]
         return list(zip(*per_member, strict=True))
 
@@ -175,8 +243,25 @@ class EnsembleModel:
         others out)."""
         if not samples:
             return np.zeros((0, len(self.labels)))
+        if self.threshold is not None:
+            return self._cascade(samples)
         parts = [m.probs([s[k] for s in samples]) for k, m in enumerate(self.members)]
         return weighted_probs(parts, self.weights, self.orders)
+
+    def _cascade(self, samples: Sequence[tuple]) -> np.ndarray:
+        """A cascade's :meth:`probs` (:func:`cascade_probs`): member 0 on every sample, the
+        others on the deferred ones."""
+        first = self.members[0].probs([s[0] for s in samples])[:, self.orders[0]]
+        idx = np.flatnonzero(deferred_mask(first, self.threshold))
+        rest = []
+        if len(idx):
+            texts = [samples[i][1] for i in idx]
+            texts2 = [samples[i][2] for i in idx] if self.pair else None
+            for k, m in enumerate(self.members[1:], start=1):
+                rest.append(m.probs(m.encode(texts, texts2))[:, self.orders[k]])
+        self.seen += len(samples)
+        self.deferred += len(idx)
+        return cascade_probs(first, rest, self.weights, self.threshold)
 
 
 def load_served(run: str, backend: str = "auto", threads: int | None = None, onnx_file: str = "model.onnx") -> Any:  # fmt: skip

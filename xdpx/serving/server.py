@@ -14,7 +14,8 @@ Endpoints (FastAPI):
   /v2/models/{name}/infer`` with a ``BYTES`` input ``text`` (pairs: ``text`` and ``text2``),
   outputs ``label`` (``BYTES [n]``) and ``probabilities`` (``FP32 [n, num_labels]``).
 * ``GET /metrics``: Prometheus text format (``prometheus_client``): requests by endpoint and
-  status, request latency, model batch sizes, queue depth, rejected requests.
+  status, request latency, model batch sizes, queue depth, rejected requests; a cascade's
+  deferred texts (``xdpx_cascade_deferred``).
 
 **Dynamic batching** (:class:`DynamicBatcher`; Triton's and TorchServe's terms): the texts
 of concurrent requests wait in one queue; a worker takes up to ``max_batch_size`` of them,
@@ -307,6 +308,9 @@ def create_app(model: ServedModel, config: ServeConfig | None = None) -> Any:
     queue_depth = Gauge("xdpx_queue_depth", "Texts waiting for a model call.", registry=registry)  # fmt: skip
     batcher = DynamicBatcher(model.probs, cfg, on_batch=batch_size.observe)
     queue_depth.set_function(lambda: batcher.depth)
+    if getattr(model, "threshold", None) is not None:  # a cascade (xdpx.serving.ensemble)
+        deferred = Gauge("xdpx_cascade_deferred", "Texts the cascade sent past its first member (of xdpx_texts).", registry=registry)  # fmt: skip
+        deferred.set_function(lambda: model.deferred)
     state = {"ready": False}
 
     @asynccontextmanager
