@@ -236,8 +236,10 @@ def ensemble_entry(
 
     Returns:
         ``{"members", "weights", "k", "dev", "test", "macro_f1", "members_test",
-        "members_dev", "vs_members", "vs_best_peer", "req_s", "p99_ms", "report"}``;
-        accuracies are fractions, a comparison ``{"diff", "se", "p"}`` on test.
+        "members_dev", "vs_members", "vs_best_peer", "req_s", "p99_ms", "report",
+        "cascade"}``; accuracies are fractions, a comparison ``{"diff", "se", "p"}`` on
+        test; ``cascade`` None, or a cascade's ``{"threshold", "max_defer", "deferred"}``
+        (the deferred share per split; ``xdpx ensemble --cascade``).
     """
     report = json.loads(io.read_text(io.join(ensemble_dir, "report.json")))
     splits = report["splits"]
@@ -260,6 +262,9 @@ def ensemble_entry(
         "req_s": (served or {}).get("req_s"),
         "p99_ms": (served or {}).get("p99_ms"),
         "report": io.join(ensemble_dir, "report.json"),
+        "cascade": {k: report["cascade"][k] for k in ("threshold", "max_defer", "deferred")}
+        if report.get("cascade")
+        else None,
     }
 
 

