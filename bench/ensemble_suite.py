@@ -17,7 +17,10 @@ goes on where it was):
 5. with ``--cascade MAX_DEFER``: ``xdpx ensemble --cascade MAX_DEFER --int8`` of the same two
    exports into ``W/CORPUS/seed-S/cascade`` (the n-gram answers alone where it is confident,
    the threshold chosen on dev so that at most MAX_DEFER of dev goes to the average of both),
-   its test accuracy against the n-gram and the encoder (paired SE) and the deferred shares.
+   its test accuracy against the n-gram and the encoder (paired SE) and the deferred shares;
+   with ``--cascade-seeds 2 3`` also the n-gram retrained with those ``train.seed`` values
+   (same split, same params; ``W/CORPUS/seed-S/model-train-seed-K``), a cascade of each with
+   the same encoder, and the mean over all the n-gram seeds (the student's seeds, one teacher).
 
 Writes ``--json`` (``reports/ensemble-<corpus>.json``): the members' and the ensemble's dev
 and test accuracy, the weights, the paired comparisons and the times. Serving numbers come
@@ -91,12 +94,25 @@ def write_row(path: str, corpus: str, name: str, ensemble_dir: str, vs_best_peer
     )
 
 
-def cascade_summary(members: list[str], seed_dir: str, raw: str, max_defer: float, threads: int, names: list[str]) -> dict:  # fmt: skip
-    """Step 5: the cascade of the two int8 exports into ``seed_dir/cascade``; its threshold,
-    deferred shares, dev and test accuracy, and per split the paired comparison against
-    each member (int8) and against the full average."""
+def retrain(run: str, seed: int, threads: int) -> str:
+    """The n-gram run ``run`` trained again with ``train.seed=seed`` (its own params, the same
+    prepared data) into a sibling ``model-train-seed-<seed>``, exported; made unless there."""
+    import subprocess
+
+    out = f"{run}-train-seed-{seed}"
+    if not io.exists(io.join(out, "export", "report.json")):
+        log(f"train {out}")
+        cmd = [sys.executable, "-m", "xdpx.cli", "train", io.join(run, "params.yaml"), f"train.seed={seed}", f"train.save_dir={out}", f"train.threads={threads}"]  # fmt: skip
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return export(out, threads)
+
+
+def cascade_summary(members: list[str], seed_dir: str, raw: str, max_defer: float, threads: int, names: list[str], out_dir: str | None = None) -> dict:  # fmt: skip
+    """Step 5: the cascade of the two int8 exports into ``out_dir`` (default
+    ``seed_dir/cascade``); its threshold, deferred shares, dev and test accuracy, and per
+    split the paired comparison against each member (int8) and against the full average."""
     t0 = time.perf_counter()
-    out_dir = io.join(seed_dir, "cascade")
+    out_dir = out_dir or io.join(seed_dir, "cascade")
     report = build_ensemble(members, out_dir, io.join(raw, "dev.tsv"), io.join(raw, "test.tsv"), onnx_file="model.int8.onnx", threads=threads, names=names, cascade=max_defer)  # fmt: skip
     c = report["cascade"]
     keys = ("a", "b", "diff", "se", "p")
@@ -120,6 +136,27 @@ def cascade_summary(members: list[str], seed_dir: str, raw: str, max_defer: floa
     }
 
 
+def seeds_summary(runs: dict[str, dict]) -> dict:
+    """Per n-gram train seed (``str(seed) -> cascade_summary``): the cascade's and its
+    n-gram's (int8) accuracy, the deferred share and the threshold; and their means."""
+    import numpy as np
+
+    per_seed = {
+        k: {
+            "cascade": r["accuracy"],
+            "ngram_int8": r["members_int8"]["ngram"],
+            "deferred": r["deferred"],
+            "threshold": r["threshold"],
+        }
+        for k, r in runs.items()
+    }
+    mean = {
+        what: {s: float(np.mean([r[what][s] for r in per_seed.values()])) for s in ("dev", "test")}
+        for what in ("cascade", "ngram_int8", "deferred")
+    }
+    return {"train_seeds": list(runs), "per_seed": per_seed, "mean": mean}
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--corpus", required=True, choices=sorted(CORPORA))
@@ -134,6 +171,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--json", required=True)
     ap.add_argument("--suite-json", help="also write the suite's ensemble row here (a result for xdpx suite --merge)")  # fmt: skip
     ap.add_argument("--cascade", type=float, metavar="MAX_DEFER", help="also build the n-gram -> ensemble cascade of the int8 exports, deferring at most this share of dev (e.g. 0.2)")  # fmt: skip
+    ap.add_argument("--cascade-seeds", type=int, nargs="*", default=[], metavar="K", help="with --cascade: also cascades of the n-gram retrained with these train.seed values")  # fmt: skip
     ap.add_argument("--served", metavar="SERVE.json[:MODEL]", help="bench/serve_students.py's report of the ensemble served (its model name, default ensemble): req/s and p99 for the row")  # fmt: skip
     args = ap.parse_args(argv)
     corpus = CORPORA[args.corpus]
@@ -217,6 +255,15 @@ def main(argv: list[str] | None = None) -> dict:
     }
     if args.cascade is not None:
         out["cascade"] = cascade_summary(members, seed_dir, raw, args.cascade, args.threads, ["ngram", name])  # fmt: skip
+        import yaml
+
+        own_seed = yaml.safe_load(io.read_text(io.join(ngram_run, "params.yaml")))["train"]["seed"]
+        runs = {str(own_seed): out["cascade"]}
+        for k in args.cascade_seeds:
+            student = retrain(ngram_run, k, args.threads)
+            runs[str(k)] = cascade_summary([student, members[1]], seed_dir, raw, args.cascade, args.threads, ["ngram", name], io.join(seed_dir, f"cascade-train-seed-{k}"))  # fmt: skip
+        if len(runs) > 1:
+            out["cascade_seeds"] = seeds_summary(runs)
     if abs(vs_peer["a"] - ens) > 1e-9:
         raise SystemExit(
             f"the served ensemble scores test {vs_peer['a']:.4f}, its report {ens:.4f}"

@@ -25,7 +25,7 @@ The procedure (:func:`build_ensemble`):
    ``confusion.png``, ``ensemble.json`` last) is written to a temporary sibling and moved
    into place whole (:func:`xdpx.io.replace_dir`); before that, the written ensemble is
    loaded back and its probabilities of 64 dev texts must equal the weighted average of its
-   members' (1e-5), or nothing is written. Members of weight 0 are listed in the report and
+   source members' on the same texts (1e-5), or nothing is written. Members of weight 0 are listed in the report and
    not copied.
 
 With ``cascade=MAX_DEFER`` (``xdpx ensemble --cascade``) the directory is a cascade
@@ -435,7 +435,7 @@ def build_ensemble(
         title = f"ensemble {last}: {metric} {report['splits'][last][metric]:.4f}"
         save_figure(confusion_figure(cm, labels, title), io.join(tmp, "confusion.png"))
         io.write_text(io.join(tmp, ENSEMBLE_FILE), json.dumps(spec, indent=2) + "\n")
-        _check_written(tmp, data["dev"], ensembled["dev"], threads)
+        _check_written(tmp, data["dev"], models, orders, weights, threshold, threads)
         io.replace_dir(tmp, out_dir, marker=ENSEMBLE_FILE)
     except BaseException:
         io.rm(tmp, recursive=True) if io.exists(tmp) else None
@@ -444,20 +444,50 @@ def build_ensemble(
     return report
 
 
-def _check_written(path: str, dev: tuple, want: np.ndarray, threads: int | None) -> None:
-    """The written ensemble, loaded back, gives the probabilities chosen on dev (``want``,
-    ``[n, num_labels]``: the weighted average of its members', or the cascade's) on the
-    first 64 dev texts (within 1e-5: onnxruntime's sums differ in the last bits with the
-    batch a text is in).
+def _check_written(
+    path: str,
+    dev: tuple,
+    models: Sequence[ServedModel],
+    orders: Sequence[Sequence[int]],
+    weights: Sequence[float],
+    threshold: float | None,
+    threads: int | None,
+) -> None:
+    """The written ensemble, loaded back, answers the first 64 dev texts as its source
+    members combined by the chosen rule do (within 1e-5), each member run on the same texts
+    in the same calls as the served ensemble runs them: all 64 at once, or for a cascade
+    member 0 on all and the others on the deferred ones. (Dynamically quantised int8 graphs
+    quantise each call's activations with that call's own range, so their probabilities
+    depend on the batch a text is in: only the same calls can be compared.)
+
+    Args:
+        models: the source members (all of them, weight 0 too), in order.
+        orders: per member, its class columns in the ensemble's order.
+        weights: the chosen weights of all members.
+        threshold: the cascade's threshold, or None.
 
     Raises:
         AssertionError: it does not (nothing is moved into place then).
     """
     texts, texts2, _ = dev
     n = min(64, len(texts))
+    texts, texts2 = texts[:n], texts2[:n] if texts2 is not None else None
+
+    def run(k: int, idx: Sequence[int]) -> np.ndarray:
+        t2 = [texts2[i] for i in idx] if texts2 is not None else None
+        m = models[k]
+        return m.probs(m.encode([texts[i] for i in idx], t2))[:, list(orders[k])]
+
+    everything = list(range(n))
+    if threshold is None:
+        want = weighted_probs([run(k, everything) for k in range(len(models))], weights)
+    else:
+        first = run(0, everything)
+        idx = np.flatnonzero(deferred_mask(first, threshold)).tolist()
+        rest = [run(k, idx) if idx else first[:0] for k in range(1, len(models))]
+        want = cascade_probs(first, rest, weights, threshold)
     served = EnsembleModel(path, threads)
-    got = served.probs(served.encode(texts[:n], texts2[:n] if texts2 is not None else None))
-    want = want[:n]
+    got = served.probs(served.encode(texts, texts2))
     diff = float(np.abs(got - want).max())
     if diff > 1e-5:
-        raise AssertionError(f"the written ensemble's probabilities differ from its members' weighted average by {diff:.3g}")  # fmt: skip
+        raise AssertionError(f"the written ensemble's probabilities differ from its members' combined by {diff:.3g}")  # fmt: skip
