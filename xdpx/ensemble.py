@@ -25,8 +25,8 @@ The procedure (:func:`build_ensemble`):
    ``confusion.png``, ``ensemble.json`` last) is written to a temporary sibling and moved
    into place whole (:func:`xdpx.io.replace_dir`); before that, the written ensemble is
    loaded back and its probabilities of 64 dev texts must equal the weighted average of its
-   source members' on the same texts (1e-5), or nothing is written. Members of weight 0 are listed in the report and
-   not copied.
+   source members' on the same texts (1e-5), or nothing is written. Members of weight 0 are
+   listed in the report and not copied.
 
 With ``cascade=MAX_DEFER`` (``xdpx ensemble --cascade``) the directory is a cascade
 (:mod:`xdpx.serving.ensemble`): member 0 answers alone where its top probability reaches a
