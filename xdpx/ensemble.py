@@ -55,6 +55,7 @@ from xdpx.serving.ensemble import (
     cascade_probs,
     deferred_mask,
     label_orders,
+    run_cascade,
     weighted_probs,
 )
 from xdpx.serving.runtime import ServedModel, find_export
@@ -377,14 +378,14 @@ def build_ensemble(
         threshold, steps = choose_threshold(probs["dev"][0], ensembled["dev"], y_dev, cascade, metric)  # fmt: skip
         averaged = ensembled
         ensembled = {}
+        masks = {s: deferred_mask(probs[s][0], threshold) for s in data}
         for s in data:
-            mask = deferred_mask(probs[s][0], threshold)
-            ensembled[s] = cascade_probs(probs[s][0], [averaged[s][mask]], [0.0, 1.0], threshold)
+            ensembled[s] = cascade_probs(probs[s][0], [averaged[s][masks[s]]], [0.0, 1.0], threshold)  # fmt: skip
         report["method"] = f"cascade over the {report['method']} average"
         report["cascade"] = {
             "threshold": threshold,
             "max_defer": cascade,
-            "deferred": {s: float(deferred_mask(probs[s][0], threshold).mean()) for s in data},
+            "deferred": {s: float(masks[s].mean()) for s in data},
             "trace": steps,
             "vs_average": {
                 s: paired_comparison(
@@ -473,19 +474,14 @@ def _check_written(
     n = min(64, len(texts))
     texts, texts2 = texts[:n], texts2[:n] if texts2 is not None else None
 
-    def run(k: int, idx: Sequence[int]) -> np.ndarray:
-        t2 = [texts2[i] for i in idx] if texts2 is not None else None
+    def run(k: int) -> np.ndarray:
         m = models[k]
-        return m.probs(m.encode([texts[i] for i in idx], t2))[:, list(orders[k])]
+        return m.probs(m.encode(texts, texts2))[:, list(orders[k])]
 
-    everything = list(range(n))
     if threshold is None:
-        want = weighted_probs([run(k, everything) for k in range(len(models))], weights)
+        want = weighted_probs([run(k) for k in range(len(models))], weights)
     else:
-        first = run(0, everything)
-        idx = np.flatnonzero(deferred_mask(first, threshold)).tolist()
-        rest = [run(k, idx) if idx else first[:0] for k in range(1, len(models))]
-        want = cascade_probs(first, rest, weights, threshold)
+        want, _ = run_cascade(run(0), models, orders, weights, threshold, texts, texts2)
     served = EnsembleModel(path, threads)
     got = served.probs(served.encode(texts, texts2))
     diff = float(np.abs(got - want).max())

@@ -48,6 +48,7 @@ __all__ = [
     "EnsembleModel",
     "cascade_probs",
     "deferred_mask",
+    "run_cascade",
     "is_ensemble",
     "load_served",
     "weighted_probs",
@@ -134,6 +135,41 @@ def cascade_probs(
     if m:
         out[mask] = weighted_probs([first[mask], *rest], weights)
     return out
+
+
+def run_cascade(
+    first: np.ndarray,
+    members: Sequence[ServedModel],
+    orders: Sequence[Sequence[int]],
+    weights: Sequence[float],
+    threshold: float,
+    texts: Sequence[str],
+    texts2: Sequence[str] | None,
+) -> tuple[np.ndarray, int]:
+    """A cascade's answers given member 0's: the deferred texts (:func:`deferred_mask`) are
+    encoded and scored by the other members, in one call each, and combined by
+    :func:`cascade_probs`.
+
+    Args:
+        first: ``[n, num_labels]`` member 0's probabilities of ``texts``, in the ensemble's
+            class order.
+        members: every member (member 0 first; it is not run again).
+        orders: per member, its class columns in the ensemble's order (:func:`label_orders`).
+        weights, threshold: as :func:`cascade_probs`.
+        texts, texts2: the ``n`` raw texts (and second texts of a pair task, else None).
+
+    Returns:
+        ``([n, num_labels]`` float64 probabilities, the number of texts deferred).
+    """
+    idx = np.flatnonzero(deferred_mask(first, threshold))
+    rest = []
+    if len(idx):
+        sub = [texts[i] for i in idx]
+        sub2 = [texts2[i] for i in idx] if texts2 is not None else None
+        for k in range(1, len(members)):
+            m = members[k]
+            rest.append(m.probs(m.encode(sub, sub2))[:, list(orders[k])])
+    return cascade_probs(first, rest, weights, threshold), len(idx)
 
 
 def label_orders(
@@ -249,19 +285,15 @@ class EnsembleModel:
         return weighted_probs(parts, self.weights, self.orders)
 
     def _cascade(self, samples: Sequence[tuple]) -> np.ndarray:
-        """A cascade's :meth:`probs` (:func:`cascade_probs`): member 0 on every sample, the
+        """A cascade's :meth:`probs` (:func:`run_cascade`): member 0 on every sample, the
         others on the deferred ones."""
         first = self.members[0].probs([s[0] for s in samples])[:, self.orders[0]]
-        idx = np.flatnonzero(deferred_mask(first, self.threshold))
-        rest = []
-        if len(idx):
-            texts = [samples[i][1] for i in idx]
-            texts2 = [samples[i][2] for i in idx] if self.pair else None
-            for k, m in enumerate(self.members[1:], start=1):
-                rest.append(m.probs(m.encode(texts, texts2))[:, self.orders[k]])
+        texts = [s[1] for s in samples]
+        texts2 = [s[2] for s in samples] if self.pair else None
+        probs, deferred = run_cascade(first, self.members, self.orders, self.weights, self.threshold, texts, texts2)  # fmt: skip
         self.seen += len(samples)
-        self.deferred += len(idx)
-        return cascade_probs(first, rest, self.weights, self.threshold)
+        self.deferred += deferred
+        return probs
 
 
 def load_served(run: str, backend: str = "auto", threads: int | None = None, onnx_file: str = "model.onnx") -> Any:  # fmt: skip
