@@ -225,7 +225,8 @@ class EnsembleModel:
         self.name = path.rsplit("/", 1)[-1] or "ensemble"
         self.source = path
         self.members = [
-            ServedModel(io.join(path, m["dir"]), "onnx", threads, m.get("onnx_file", "model.onnx"))
+            # the members take turns on the same cores: no thread spinning (ort_session)
+            ServedModel(io.join(path, m["dir"]), "onnx", threads, m.get("onnx_file", "model.onnx"), spinning=False)  # fmt: skip
             for m in spec["members"]
         ]
         self.weights = [float(m["weight"]) for m in spec["members"]]
