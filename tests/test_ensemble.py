@@ -233,6 +233,8 @@ def test_cascade_answers_with_member_0_where_it_is_confident_and_the_average_els
     want = np.where(deferred[:, None], w[0] * pa + w[1] * pb, pa)
     texts = members["ngram"]["predictions"]["text"].tolist()
     served = EnsembleModel(str(out), threads=1)
+    spin = "session.intra_op.allow_spinning"  # off: the members take turns on the same cores
+    assert [m.session.get_session_options().get_session_config_entry(spin) for m in served.members] == ["0", "0"]  # fmt: skip
     np.testing.assert_allclose(served.predict(texts), want, atol=2e-6)
     assert (served.seen, served.deferred) == (len(texts), int(deferred.sum()))
     server = Server(out)
