@@ -1,8 +1,8 @@
 """The teacher -> student distillation pipeline (distill/dvc.yaml, flows/distill.py,
 stages/distill.py, xdpx/distill/plan.py): `dvc repro distill/dvc.yaml` end to end and a
 no-op second repro, the Prefect flow (`xdpx distill`) with its decision artifact, the k-copy
-subsets and the ship rule. The transfer set's streaming (chunk_rows 7 < the rows) and the resumed labelling
-are tests/test_transfer.py's.
+subsets and the ship rule. The transfer set's streaming (chunk_rows 7 < the rows) and the
+resumed labelling are tests/test_transfer.py's.
 
 One tiny project serves every test: 300 train / 100 dev / 100 test real reviews, a teacher
 that learns nothing (ngram_lr, one update at learning rate 1e-9) and an ngram_lr student in
