@@ -189,7 +189,7 @@ def test_the_seeds_bench_retrains_student_reference_and_own_model_with_paired_se
     spec.loader.exec_module(bench)
     monkeypatch.chdir(root)
     monkeypatch.setenv("XDPX_CACHE", str(root / "cache"))
-    out = bench.main(["--configs", "data/distill/configs", "--report", "reports/distill", "--seeds", "2"])  # fmt: skip
+    out = bench.main(["--configs", "data/distill/configs", "--report", "reports/distill", "--seeds", "2", "--json", "reports/distill/seeds.json"])  # fmt: skip
     assert out["reference"] == "baseline" and out["own_alone"] == decision["own_alone"]["run"]
     # seed 1 is the pipeline's own runs, scored again; seed 2 retrained
     assert out["student_runs"]["dev"][0] == pytest.approx(decision["dev"]["student"])
@@ -200,3 +200,39 @@ def test_the_seeds_bench_retrains_student_reference_and_own_model_with_paired_se
     mean = out["mean"]
     assert p["diff"] == pytest.approx(mean["student_test"] - mean["alone_test"])
     assert p["se"] > 0 and out["test_n"] == 100
+
+
+def test_the_cascades_bench_puts_every_student_behind_the_ngram_and_reports_the_kept_share(pipeline, monkeypatch):  # fmt: skip
+    """bench/student_cascades.py on the finished run and the seed the test above added (the
+    file's tests run in order on one worker): int8 exports of teacher, baseline and students,
+    and a baseline -> student cascade of each, its threshold chosen on dev."""
+    import importlib.util
+
+    from xdpx.distill.plan import kept_share
+
+    root, _, grid, decision = pipeline
+    assert (root / "reports/distill/seeds.json").is_file(), "needs the seeds test above"
+    spec = importlib.util.spec_from_file_location("student_cascades", ROOT / "bench" / "student_cascades.py")  # fmt: skip
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("XDPX_CACHE", str(root / "cache"))
+    out = bench.main(["--configs", "data/distill/configs", "--report", "reports/distill", "--max-defer", "0.3", "--threads", "1"])  # fmt: skip
+    seed2 = f"{decision['student_run']}-seed2"
+    assert set(out["runs"]) == {"teacher", *(r["run"] for r in decision["grid"]), seed2}
+    t_test = decision["test"]["teacher"]
+    for name, r in out["runs"].items():
+        c = r["cascade"]
+        assert c["deferred"]["dev"] <= 0.3 + 1e-9
+        # the n-gram alone (threshold 0) is a candidate, so dev never falls below it
+        assert c["accuracy"]["dev"] >= r["ngram_int8"]["dev"] - 1e-9
+        assert r["cascade_test_kept"] == kept_share(t_test, r["ngram_int8"]["test"], c["accuracy"]["test"])  # fmt: skip
+        ens = json.loads((root / "reports/distill/cascades" / f"cascade-{name}" / "ensemble.json").read_text())  # fmt: skip
+        assert ens["cascade"]["threshold"] == c["threshold"]
+        assert (Path(r["run"]) / "export" / "model.int8.onnx").is_file()
+    assert out["runs"][seed2]["baseline"].endswith("seeds/baseline-seed2")
+    runs = out["seeds"]["runs"]
+    assert runs == [decision["student_run"], seed2]
+    mean_test = np.mean([out["runs"][n]["cascade"]["accuracy"]["test"] for n in runs])
+    assert out["seeds"]["mean"]["cascade"]["test"] == pytest.approx(mean_test)
+    assert json.loads((root / "reports/distill/cascades.json").read_text())["runs"].keys() == out["runs"].keys()  # fmt: skip
