@@ -314,3 +314,20 @@ def test_the_transformer_students_preset_starts_from_the_teacher_against_the_ngr
     assert students["grid"]["layers"] == [2, 3]
     assert students["baseline_train"]["model"] == "ngram_lr" and cfg["decide"]["baseline"]
     assert students["prepro"]["tokenizer_path"] == cfg["teacher"]["prepro"]["tokenizer_path"]
+
+
+@pytest.mark.unit
+def test_the_stsb_students_preset_trains_pair_students_on_recombined_pairs_against_match_ngram(monkeypatch):  # fmt: skip
+    from xdpx.distill.plan import load_plan, step_configs
+
+    monkeypatch.chdir(ROOT)
+    preset = "distill/stsb-students.yaml"
+    cfg = step_configs(load_plan(preset), preset)
+    students = cfg["students"]
+    assert students["train"]["pretrained_model"] == "models/distill-stsb/teacher/best"
+    assert students["grid"]["layers"] == [2, 3]
+    assert cfg["transfer"]["distill"]["pair_neighbours"] == 3  # AugSBERT's recombined pairs
+    for step in (cfg["teacher"], students):
+        assert step["prepro"]["text2_column"] == "text2" and step["prepro"]["transliterate"] is None  # fmt: skip
+    assert students["baseline_train"]["model"] == "match_ngram"
+    assert students["baseline_prepro"]["text2_column"] == "text2"
