@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -180,15 +181,22 @@ def test_a_non_transformer_student_cannot_take_layers_or_the_teacher(project, mo
         step_configs(plan, "distill/params.yaml")
 
 
-def test_the_seeds_bench_retrains_student_reference_and_own_model_with_paired_se(pipeline, monkeypatch):  # fmt: skip
+def _bench(name: str, root: Path, monkeypatch) -> Any:
+    """``bench/<name>.py`` loaded as a module, with the tiny project as the working directory
+    and its cache as ``XDPX_CACHE``."""
     import importlib.util
 
-    root, _, _, decision = pipeline
-    spec = importlib.util.spec_from_file_location("distill_seeds", ROOT / "bench" / "distill_seeds.py")  # fmt: skip
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     monkeypatch.chdir(root)
     monkeypatch.setenv("XDPX_CACHE", str(root / "cache"))
+    return bench
+
+
+def test_the_seeds_bench_retrains_student_reference_and_own_model_with_paired_se(pipeline, monkeypatch):  # fmt: skip
+    root, _, _, decision = pipeline
+    bench = _bench("distill_seeds", root, monkeypatch)
     out = bench.main(["--configs", "data/distill/configs", "--report", "reports/distill", "--seeds", "2", "--json", "reports/distill/seeds.json"])  # fmt: skip
     assert out["reference"] == "baseline" and out["own_alone"] == decision["own_alone"]["run"]
     # seed 1 is the pipeline's own runs, scored again; seed 2 retrained
@@ -206,17 +214,11 @@ def test_the_cascades_bench_puts_every_student_behind_the_ngram_and_reports_the_
     """bench/student_cascades.py on the finished run and the seed the test above added (the
     file's tests run in order on one worker): int8 exports of teacher, baseline and students,
     and a baseline -> student cascade of each, its threshold chosen on dev."""
-    import importlib.util
-
     from xdpx.distill.plan import kept_share
 
-    root, _, grid, decision = pipeline
+    root, _, _, decision = pipeline
     assert (root / "reports/distill/seeds.json").is_file(), "needs the seeds test above"
-    spec = importlib.util.spec_from_file_location("student_cascades", ROOT / "bench" / "student_cascades.py")  # fmt: skip
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    monkeypatch.chdir(root)
-    monkeypatch.setenv("XDPX_CACHE", str(root / "cache"))
+    bench = _bench("student_cascades", root, monkeypatch)
     out = bench.main(["--configs", "data/distill/configs", "--report", "reports/distill", "--max-defer", "0.3", "--threads", "1"])  # fmt: skip
     seed2 = f"{decision['student_run']}-seed2"
     assert set(out["runs"]) == {"teacher", *(r["run"] for r in decision["grid"]), seed2}
