@@ -16,7 +16,8 @@ n-gram a student must beat) and every grid run:
    its threshold chosen on dev (``xdpx.ensemble.choose_threshold``), and the same of the
    teacher (``cascade-teacher``, seed 1): dev and test accuracy, deferred shares, paired
    comparisons (``bench/ensemble_suite.cascade_summary``, kept as
-   ``<report_dir>/cascades/cascade-<run>.json``: a rerun reuses it, and its exports);
+   ``<report_dir>/cascades/cascade-<run>.json``: a rerun with the same ``--max-defer``
+   reuses it, and any rerun the exports);
 3. per student and cascade, the share of the teacher's test gain over the baseline it keeps
    (``xdpx.distill.plan.kept_share``; the teacher and the n-gram as ``decision.json`` has
    them, fp32), with its mean over the seeds where there are seeds.
@@ -87,9 +88,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cascades_dir = os.path.join(args.report, "cascades")
     for name, (run, base) in [("teacher", (decide.teacher_run, os.path.join(save, "baseline"))), *pairs.items()]:  # fmt: skip
         summary = os.path.join(cascades_dir, f"cascade-{name}.json")  # a rerun reuses it
-        if os.path.exists(summary):
-            c = json.loads(io.read_text(summary))
-        else:
+        c = json.loads(io.read_text(summary)) if os.path.exists(summary) else None
+        if c is None or c["max_defer"] != args.max_defer:  # built with another budget: again
             members = [export(base, args.threads), exports["teacher"] if name == "teacher" else export(run, args.threads)]  # fmt: skip
             log(f"cascade {base} -> {run}")
             c = cascade_summary(members, "", raw, args.max_defer, args.threads, ["ngram", name], os.path.join(cascades_dir, f"cascade-{name}"))  # fmt: skip

@@ -238,3 +238,6 @@ def test_the_cascades_bench_puts_every_student_behind_the_ngram_and_reports_the_
     mean_test = np.mean([out["runs"][n]["cascade"]["accuracy"]["test"] for n in runs])
     assert out["seeds"]["mean"]["cascade"]["test"] == pytest.approx(mean_test)
     assert json.loads((root / "reports/distill/cascades.json").read_text())["runs"].keys() == out["runs"].keys()  # fmt: skip
+    # a rerun with another budget builds the cascades again (the exports are reused)
+    again = bench.main(["--configs", "data/distill/configs", "--report", "reports/distill", "--max-defer", "0.1", "--threads", "1", "--json", "reports/distill/cascades-0.1.json"])  # fmt: skip
+    assert all(r["cascade"]["max_defer"] == 0.1 and r["cascade"]["deferred"]["dev"] <= 0.1 + 1e-9 for r in again["runs"].values())  # fmt: skip
