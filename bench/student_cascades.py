@@ -12,15 +12,16 @@ n-gram a student must beat) and every grid run:
 1. ``<run>/export`` of its best checkpoint, fp32 and int8 (``bench/ensemble_suite.export``);
 2. for every student run (train.seed 1: the grid; the seeds' ``<save_dir>/seeds/<run>-seed<K>``
    with their own ``baseline-seed<K>``), the cascade ``baseline -> student`` of the int8
-   exports into ``<report_dir>/cascades/<run>`` deferring at most ``--max-defer`` of dev,
+   exports into ``<report_dir>/cascades/cascade-<run>`` deferring at most ``--max-defer`` of dev,
    its threshold chosen on dev (``xdpx.ensemble.choose_threshold``), and the same of the
    teacher (``cascade-teacher``, seed 1): dev and test accuracy, deferred shares, paired
    comparisons (``bench/ensemble_suite.cascade_summary``, kept as
    ``<report_dir>/cascades/cascade-<run>.json``: a rerun with the same ``--max-defer``
    reuses it, and any rerun the exports);
 3. per student and cascade, the share of the teacher's test gain over the baseline it keeps
-   (``xdpx.distill.plan.kept_share``; the teacher and the n-gram as ``decision.json`` has
-   them, fp32), with its mean over the seeds where there are seeds.
+   (``xdpx.distill.plan.kept_share``; the teacher's test as ``decision.json`` has it, fp32,
+   the n-gram's as its int8 export scores it), with its mean over the seeds where there are
+   seeds.
 
 Test is reported, never used to choose. Run on the machine the distill run trained on::
 
@@ -76,13 +77,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     t_dev, t_test = decision["dev"]["teacher"], decision["test"]["teacher"]
     start = time.perf_counter()
 
-    exports = {"teacher": export(decide.teacher_run, args.threads)}
+    teacher_export = export(decide.teacher_run, args.threads)
     # student run -> (its baseline's run): seed 1 is the grid, the seeds retrain both
     pairs: dict[str, tuple[str, str]] = {
         r["run"]: (os.path.join(save, r["run"]), os.path.join(save, "baseline")) for r in decision["grid"]
     }  # fmt: skip
-    for k in (seeds or {}).get("seeds", [1])[1:]:
-        name = f"{seeds['student']}-seed{k}"
+    seed_runs = [seeds["student"]] if seeds else []  # the chosen student, seed 1 first
+    for k in seeds["seeds"][1:] if seeds else []:
+        seed_runs.append(name := f"{seeds['student']}-seed{k}")
         pairs[name] = (os.path.join(save, "seeds", name), os.path.join(save, "seeds", f"baseline-seed{k}"))  # fmt: skip
     out: dict[str, Any] = {"max_defer": args.max_defer, "teacher": {"dev": t_dev, "test": t_test}, "runs": {}}  # fmt: skip
     cascades_dir = os.path.join(args.report, "cascades")
@@ -90,7 +92,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         summary = os.path.join(cascades_dir, f"cascade-{name}.json")  # a rerun reuses it
         c = json.loads(io.read_text(summary)) if os.path.exists(summary) else None
         if c is None or c["max_defer"] != args.max_defer:  # built with another budget: again
-            members = [export(base, args.threads), exports["teacher"] if name == "teacher" else export(run, args.threads)]  # fmt: skip
+            members = [export(base, args.threads), teacher_export if name == "teacher" else export(run, args.threads)]  # fmt: skip
             log(f"cascade {base} -> {run}")
             c = cascade_summary(members, "", raw, args.max_defer, args.threads, ["ngram", name], os.path.join(cascades_dir, f"cascade-{name}"))  # fmt: skip
             io.write_text(summary, json.dumps(c, indent=1) + "\n")
@@ -107,16 +109,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         }
         log(f"{name}: alone test {alone['test']:.4f}, cascade test {c['accuracy']['test']:.4f}, n-gram {ngram['test']:.4f}, deferred test {c['deferred']['test']:.3f}")  # fmt: skip
     if seeds:
-        runs = [seeds["student"]] + [f"{seeds['student']}-seed{k}" for k in seeds["seeds"][1:]]
-        mean = {
-            what: {s: statistics.mean(out["runs"][r][what][s] for r in runs) for s in ("dev", "test")}
-            for what in ("student_int8", "ngram_int8")
-        }  # fmt: skip
-        mean["cascade"] = {s: statistics.mean(out["runs"][r]["cascade"]["accuracy"][s] for r in runs) for s in ("dev", "test")}  # fmt: skip
-        mean["deferred"] = {s: statistics.mean(out["runs"][r]["cascade"]["deferred"][s] for r in runs) for s in ("dev", "test")}  # fmt: skip
+
+        def over_seeds(get: Any) -> dict[str, float]:
+            """``{split: mean over seed_runs of get(run entry)[split]}``."""
+            return {s: statistics.mean(get(out["runs"][r])[s] for r in seed_runs) for s in ("dev", "test")}  # fmt: skip
+
+        mean: dict[str, Any] = {
+            "student_int8": over_seeds(lambda r: r["student_int8"]),
+            "ngram_int8": over_seeds(lambda r: r["ngram_int8"]),
+            "cascade": over_seeds(lambda r: r["cascade"]["accuracy"]),
+            "deferred": over_seeds(lambda r: r["cascade"]["deferred"]),
+        }
         mean["cascade_test_kept"] = kept_share(t_test, mean["ngram_int8"]["test"], mean["cascade"]["test"])  # fmt: skip
         mean["student_test_kept"] = kept_share(t_test, mean["ngram_int8"]["test"], mean["student_int8"]["test"])  # fmt: skip
-        out["seeds"] = {"runs": runs, "mean": mean}
+        out["seeds"] = {"runs": seed_runs, "mean": mean}
     out["seconds"] = round(time.perf_counter() - start, 1)
     out["how"] = (
         "bench/student_cascades.py: int8 exports of the distill run's teacher, baseline and students; "
