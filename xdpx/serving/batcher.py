@@ -69,7 +69,8 @@ class _Item:
 
 
 class DynamicBatcher:
-    """Merges the texts of concurrent requests into model calls (see the module docstring).
+    """Merges the texts of concurrent requests into model calls (see
+    :mod:`xdpx.serving.server`'s module docstring, "Dynamic batching").
 
     Args:
         run_batch: ``inputs -> [n, num_labels]`` probabilities, one row per input in order
@@ -131,19 +132,19 @@ class DynamicBatcher:
                 pass
         self._pool.shutdown(wait=True)
 
-    async def submit(self, samples: Sequence[Input]) -> np.ndarray:
-        """Queue ``samples`` (inputs of ``run_batch``) and wait for their probabilities
+    async def submit(self, inputs: Sequence[Input]) -> np.ndarray:
+        """Queue ``inputs`` (of ``run_batch``) and wait for their probabilities
         ``[n, num_labels]``, in order.
 
         Raises:
             Overloaded: the queue has no room for all of them (nothing is queued).
             Exception: what the model call raised (for this batch's requests only).
         """
-        if len(self.queue) + len(samples) > self.cfg.max_queue:
+        if len(self.queue) + len(inputs) > self.cfg.max_queue:
             raise Overloaded(f"{len(self.queue)} texts queued, room for {self.cfg.max_queue}")
         loop = asyncio.get_running_loop()
         now = time.perf_counter()
-        items = [_Item(s, loop.create_future(), now) for s in samples]
+        items = [_Item(x, loop.create_future(), now) for x in inputs]
         self.queue.extend(items)
         assert self._wake is not None, "start() the batcher first"
         self._wake.set()
@@ -154,11 +155,11 @@ class DynamicBatcher:
         per_text = self._per_text_s
         return per_text is not None and n * per_text * 1000.0 < self.cfg.inline_ms
 
-    def _timed(self, samples: list[Input]) -> np.ndarray:
-        """``run_batch(samples)``, folding its seconds per text into the running mean."""
+    def _timed(self, inputs: list[Input]) -> np.ndarray:
+        """``run_batch(inputs)``, folding its seconds per text into the running mean."""
         start = time.perf_counter()
-        out = self.run_batch(samples)
-        per_text = (time.perf_counter() - start) / max(len(samples), 1)
+        out = self.run_batch(inputs)
+        per_text = (time.perf_counter() - start) / max(len(inputs), 1)
         old = self._per_text_s
         a = self.COST_SMOOTHING
         self._per_text_s = per_text if old is None else (1 - a) * old + a * per_text
@@ -191,12 +192,12 @@ class DynamicBatcher:
             batch = [self.queue.popleft() for _ in range(n)]
             if self.on_batch is not None:
                 self.on_batch(n)
-            samples = [i.input for i in batch]
+            inputs = [i.input for i in batch]
             try:
                 if self._inline(n):
-                    probs = self._timed(samples)
+                    probs = self._timed(inputs)
                 else:
-                    probs = await loop.run_in_executor(self._pool, self._timed, samples)
+                    probs = await loop.run_in_executor(self._pool, self._timed, inputs)
             except Exception as e:  # noqa: BLE001 - the batch's requests get it, the server lives
                 log.exception("model call on a batch of %d failed", n)
                 for i in batch:
