@@ -222,7 +222,8 @@ def main() -> None:
     accuracy = int8_accuracy(export_dir, texts, gold, args.threads)
     log(f"dev accuracy fp32 {accuracy['accuracy_fp32']:.4f}, int8 {accuracy['accuracy_int8']:.4f} ({accuracy['accuracy_change_points']:+.2f} points), agreement {accuracy['agreement']:.4f}")  # fmt: skip
 
-    xdpx_common = ["--max-queue", "100000", "--backend", "onnx", "--threads", str(args.threads)]
+    # one call at a time on all --threads, as the peer's server runs
+    xdpx_common = ["--max-queue", "100000", "--backend", "onnx", "--threads", str(args.threads), "--instances", "1"]  # fmt: skip
     xdpx_common += ["--max-batch-size", str(args.max_batch_size), *shlex.split(args.server_args)]
     servers: dict[str, tuple[int, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="xdpx-peer-") as hf_dir:

@@ -191,6 +191,9 @@ def main() -> None:
         help="the servers' onnxruntime/torch threads (default: the library's)",
     )
     parser.add_argument(
+        "--instances", type=int, help="the servers' --instances (default: the server's)"
+    )
+    parser.add_argument(
         "--repeats", type=int, default=3, help="measurements per concurrency and server"
     )
     parser.add_argument("--json", help="write every row here")
@@ -203,6 +206,8 @@ def main() -> None:
     common = ["--max-queue", "100000", "--backend", args.backend]
     if args.threads:
         common += ["--threads", str(args.threads)]
+    if args.instances:
+        common += ["--instances", str(args.instances)]
     if args.max_wait_ms is not None:
         common += ["--max-wait-ms", str(args.max_wait_ms)]
     if args.inline_ms is not None:
@@ -249,6 +254,7 @@ def main() -> None:
             "max_wait_ms": default.max_wait_ms if args.max_wait_ms is None else args.max_wait_ms,
             "inline_ms": default.inline_ms if args.inline_ms is None else args.inline_ms,
             "threads": args.threads,
+            "instances": args.instances,
             "requests": args.requests,
         }
         out = {

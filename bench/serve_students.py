@@ -40,6 +40,7 @@ Examples::
         --requests 300 --repeats 1 --limit 400                                   # a quick look
     python bench/serve_students.py --model a=models/a --model b=models/b --reference a \\
         --concurrency 8 --threads 1 --server-args='--max-wait-ms 2'
+    python bench/serve_students.py --model a=models/a --instances 1 --threads 2    # one call at a time
 """
 
 from __future__ import annotations
@@ -307,7 +308,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--concurrency", type=int, default=64, help="clients (default 64)")
     parser.add_argument("--requests", type=int, default=2000, help="requests per measurement")
     parser.add_argument("--repeats", type=int, default=3, help="measurements per model")
-    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="onnxruntime threads of every server (default: the cores)")  # fmt: skip
+    parser.add_argument("--threads", type=int, help="onnxruntime threads of each model instance of every server (default: the server's, the cores / --instances)")  # fmt: skip
+    parser.add_argument("--instances", type=int, help="the servers' --instances, model calls in flight at once (default: the server's, 2)")  # fmt: skip
     parser.add_argument("--max-batch-size", type=int, default=64, help="the servers' --max-batch-size")  # fmt: skip
     parser.add_argument("--server-args", default="", help="more options for every server, e.g. '--max-wait-ms 2'")  # fmt: skip
     parser.add_argument("--json", help="write the results here (e.g. reports/serve_students.json)")  # fmt: skip
@@ -331,7 +333,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit(f"{texts_path}: no texts")
     log(f"{len(specs)} models; {len(items)} {'pairs' if pair else 'texts'} from {texts_path}; {args.requests} requests x {args.repeats} repeats at concurrency {args.concurrency}")  # fmt: skip
 
-    common = ["--backend", "onnx", "--max-queue", "100000", "--threads", str(args.threads)]
+    common = ["--backend", "onnx", "--max-queue", "100000"]
+    common += ["--threads", str(args.threads)] if args.threads else []
+    common += ["--instances", str(args.instances)] if args.instances else []
     common += ["--max-batch-size", str(args.max_batch_size), *shlex.split(args.server_args)]
     servers: dict[str, tuple[int, Any]] = {}
     labels: dict[str, list[str]] = {}
@@ -395,6 +399,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "requests": args.requests,
             "repeats": args.repeats,
             "threads": args.threads,
+            "instances": args.instances,
             "cpus": os.cpu_count(),
             "max_batch_size": args.max_batch_size,
             "server_args": args.server_args,

@@ -112,7 +112,9 @@ def triton_round_trip(server: Server, name: str, columns: list[list[str]], label
         assert "binary_tensor_data" in client.get_server_metadata()["extensions"]
         meta = client.get_model_metadata(name)
         assert [t["name"] for t in meta["inputs"]] == ["text", "text2"][: len(columns)]
-        assert client.get_model_config(name)["output"][1]["dims"] == [len(probs[0])]
+        config = client.get_model_config(name)
+        assert config["output"][1]["dims"] == [len(probs[0])]
+        assert config["instance_group"] == [{"count": 2, "kind": "KIND_CPU"}]
 
         def inputs(binary: bool = True) -> list:
             out = []
@@ -413,6 +415,70 @@ def test_batcher_runs_cheap_calls_on_the_event_loop_and_slow_ones_in_its_thread(
     assert calls_of(0.0, inline_ms=50) == [False, True, True, True]
     assert calls_of(0.06, inline_ms=50) == [False] * 4  # 60 ms a call: too slow to inline
     assert calls_of(0.0, inline_ms=0) == [False] * 4  # 0 = never
+
+
+@pytest.mark.unit
+def test_batcher_runs_up_to_instances_calls_at_once():
+    """Two one-text calls meet at a barrier inside the model call: only two instances let
+    both run at once; with one, the first waits alone until the barrier breaks."""
+    import threading
+
+    from xdpx.serving.server import DynamicBatcher, ServeConfig
+
+    def answers(instances: int) -> list:
+        barrier = threading.Barrier(2, timeout=2.0)
+        threads: set[int] = set()
+
+        def run_batch(samples):
+            threads.add(threading.get_ident())
+            barrier.wait()
+            return np.array([[float(s[0]), 1.0] for s in samples])
+
+        async def main():
+            cfg = ServeConfig(max_batch_size=1, max_wait_ms=0, inline_ms=0, instances=instances)
+            b = DynamicBatcher(run_batch, cfg)
+            b.start()
+            out = await asyncio.gather(*(b.submit([np.array([i])]) for i in range(2)), return_exceptions=True)  # fmt: skip
+            await b.stop()
+            return out
+
+        out = asyncio.run(main())
+        return [o if isinstance(o, Exception) else o[0, 0] for o in out] + [len(threads)]
+
+    assert answers(2) == [0.0, 1.0, 2]  # both calls at the barrier at once, in two threads
+    one = answers(1)
+    assert isinstance(one[0], threading.BrokenBarrierError) and one[-1] == 1
+    with pytest.raises(ValueError, match="instances"):
+        ServeConfig(instances=0)
+
+
+@pytest.mark.unit
+def test_threads_per_instance_share_the_cores_out():
+    from xdpx.serving.server import threads_per_instance
+
+    assert [threads_per_instance(i, cores=2) for i in (1, 2, 3)] == [2, 1, 1]
+    assert threads_per_instance(2, cores=16) == 8 and threads_per_instance(3, cores=16) == 5
+    assert threads_per_instance(2) >= 1  # this process's cores
+
+
+@pytest.mark.e2e
+def test_an_exported_model_answers_two_instances_at_once_as_one(single):
+    """The server's two model instances call one onnxruntime session (no lock) and one
+    encoder (locked: the character tokenizer adds each new character to its table) from
+    two threads: the answers equal one thread's, text for text."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from xdpx.serving.server import ServedModel
+
+    texts = read_tsv(Path(single["run"]).parent / "predictions.tsv")["text"].astype(str).tolist()
+    chunks = [texts[i::8] for i in range(8)]
+    alone = ServedModel(str(single["run"] / "export"), "onnx", threads=1)
+    expected = [alone.probs(alone.encode(c)) for c in chunks]
+    model = ServedModel(str(single["run"] / "export"), "onnx", threads=1)  # a fresh table
+    with ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(lambda c: model.probs(model.encode(c)), chunks))
+    for e, g in zip(expected, got, strict=True):
+        np.testing.assert_allclose(g, e, rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.unit

@@ -157,7 +157,8 @@ def serve(
     max_queue: int = typer.Option(1024, "--max-queue", min=1, help="--http: queued texts at most; beyond, 503 with Retry-After."),
     max_body_bytes: int = typer.Option(1_000_000, "--max-body-bytes", min=1, help="--http: larger request bodies get 413."),
     inline_ms: float = typer.Option(2.0, "--inline-ms", min=0, help="--http: model calls expected to take less run on the event loop, not the worker thread (0 = never), ms."),
-    threads: int = typer.Option(None, "--threads", min=1, help="--http: onnxruntime/torch threads (default: the library's)."),
+    instances: int = typer.Option(2, "--instances", min=1, help="--http: model calls in flight at once, each in its own thread (Triton's instance_group count)."),
+    threads: int = typer.Option(None, "--threads", min=1, help="--http: onnxruntime/torch threads of each instance (default: the cores / --instances on onnxruntime, else the library's)."),
     max_padding: float = typer.Option(None, "--max-padding", min=0, max=1, help="--http: the most padding a model call may carry, as a share of its padded area (default: 0.1 for transformer encoders, 0.5 else)."),
     int8: bool = typer.Option(False, "--int8", help="--http: serve export/model.int8.onnx (export.quantize=int8)."),
 ) -> None:  # fmt: skip
@@ -192,10 +193,10 @@ def serve(
 
         cfg = ServeConfig(
             max_batch_size, max_wait_ms, max_queue, max_body_bytes, inline_ms=inline_ms,
-            max_padding=max_padding,
+            max_padding=max_padding, instances=instances,
         )  # fmt: skip
         with _user_errors():
-            typer.echo(f"serving {run} on http://{host}:{port} (POST /predict, /v2/..., /metrics; max_batch_size {max_batch_size}, max_wait_ms {max_wait_ms:g})", err=True)  # fmt: skip
+            typer.echo(f"serving {run} on http://{host}:{port} (POST /predict, /v2/..., /metrics; max_batch_size {max_batch_size}, max_wait_ms {max_wait_ms:g}, instances {instances})", err=True)  # fmt: skip
             onnx_file = "model.int8.onnx" if int8 else "model.onnx"
             serve_http(run, host, port, cfg, "onnx" if int8 else backend, threads, onnx_file)
         return

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -18,7 +19,7 @@ import numpy as np
 
 log = logging.getLogger("xdpx.serving.server")
 
-__all__ = ["DynamicBatcher", "Input", "Overloaded", "ServeConfig"]
+__all__ = ["DynamicBatcher", "Input", "Overloaded", "ServeConfig", "threads_per_instance"]
 
 
 @dataclass
@@ -41,6 +42,19 @@ class ServeConfig:
             padded ``[rows, width]`` area (:func:`xdpx.batching.length_chunks` cuts a
             batch into calls of similar length); None = the model's own
             (:attr:`xdpx.serving.runtime.ServedModel.max_padding`).
+        instances: model calls in flight at once, each in its own worker thread (Triton's
+            ``instance_group`` ``count``). ``xdpx serve`` gives each instance
+            ``cores // instances`` onnxruntime threads (:func:`threads_per_instance`), so
+            two instances on 2 cores run two batches side by side, one thread each, where
+            one instance runs one batch on two threads. 2 (the default) against 1 (with 2
+            threads), int8 graphs of STS-B at 64 clients on 2 cores, two alternating runs
+            of ``bench/serve_students.py`` (``reports/serve_instances-stsb.json``): the
+            6-layer MiniLM cross-encoder 615-645 -> 837-859 requests/s, its 4-layer student
+            836-914 -> 1,111-1,118, the n-gram -> student cascade 1,372-1,444 -> 1,924-1,955
+            (its two members also run side by side), the n-gram 3,544-3,632 ->
+            3,707-4,137. In a first look 3 instances were no faster than 2, and 2 instances
+            of 2 threads each slower than 1. The eager backend serves one call at a time
+            whatever this says (PyTorch has one thread pool a process).
     """
 
     max_batch_size: int = 64
@@ -50,6 +64,25 @@ class ServeConfig:
     retry_after_s: int = 1
     inline_ms: float = 2.0
     max_padding: float | None = None
+    instances: int = 2
+
+    def __post_init__(self) -> None:
+        if self.instances < 1:
+            raise ValueError(f"instances must be >= 1, got {self.instances}")
+
+
+def threads_per_instance(instances: int, cores: int | None = None) -> int:
+    """onnxruntime intra-op threads for each of ``instances`` model instances: the cores
+    this process may run on (``os.sched_getaffinity``, else ``os.cpu_count()``), shared
+    out, at least 1.
+
+    Args:
+        instances: model calls in flight at once (:attr:`ServeConfig.instances`), >= 1.
+        cores: the cores to share (None: this process's).
+    """
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)  # fmt: skip
+    return max(1, cores // max(1, instances))
 
 
 class Overloaded(Exception):
@@ -80,7 +113,12 @@ class DynamicBatcher:
         on_batch: called with each model call's size (metrics).
 
     A model call runs in a worker thread, so the event loop keeps reading and answering
-    requests while it runs (onnxruntime and PyTorch release the GIL). Handing a call to
+    requests while it runs (onnxruntime and PyTorch release the GIL). Up to
+    ``config.instances`` calls run at once, each in its own thread: the batcher takes a free
+    instance first, then gathers the next batch, so texts that arrive while every instance
+    is busy wait together for the next call. ``run_batch`` must then be safe to call from
+    several threads at once (an onnxruntime session is; :class:`xdpx.serving.runtime.ServedModel`
+    locks its eager backend). Handing a call to
     the thread and its result back costs about a millisecond under load (two thread
     wake-ups and GIL hand-overs), more than a small call of a small model takes: the
     demo's ngram_lr answers one text in 0.2 ms. So a call whose expected time (texts x
@@ -107,7 +145,9 @@ class DynamicBatcher:
         self.queue: deque[_Item] = deque()
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="xdpx-model")
+        self._pool = ThreadPoolExecutor(config.instances, thread_name_prefix="xdpx-model")
+        self._free: asyncio.Semaphore | None = None  # instances not running a call
+        self._calls: set[asyncio.Task] = set()
         self._last_batch = 1
         self._per_text_s: float | None = None  # running mean; None until a call is timed
 
@@ -118,11 +158,12 @@ class DynamicBatcher:
 
     def start(self) -> None:
         self._wake = asyncio.Event()
+        self._free = asyncio.Semaphore(self.cfg.instances)
         self._task = asyncio.get_running_loop().create_task(self._work())
 
     async def stop(self) -> None:
-        """Answer what is queued, then stop the worker."""
-        while self.queue:
+        """Answer what is queued and in flight, then stop the worker."""
+        while self.queue or self._calls:
             await asyncio.sleep(0.005)
         if self._task is not None:
             self._task.cancel()
@@ -166,7 +207,7 @@ class DynamicBatcher:
         return out
 
     async def _work(self) -> None:
-        assert self._wake is not None
+        assert self._wake is not None and self._free is not None
         loop = asyncio.get_running_loop()
         max_wait = self.cfg.max_wait_ms / 1000.0
         while True:
@@ -174,6 +215,7 @@ class DynamicBatcher:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            await self._free.acquire()  # a free instance before the batch is gathered
             # a lone text after a lone text (one client at a time) runs at once: waiting for
             # others only pays when requests overlap
             alone = len(self.queue) == 1 and self._last_batch == 1
@@ -192,18 +234,41 @@ class DynamicBatcher:
             batch = [self.queue.popleft() for _ in range(n)]
             if self.on_batch is not None:
                 self.on_batch(n)
-            inputs = [i.input for i in batch]
-            try:
-                if self._inline(n):
-                    probs = self._timed(inputs)
-                else:
-                    probs = await loop.run_in_executor(self._pool, self._timed, inputs)
-            except Exception as e:  # noqa: BLE001 - the batch's requests get it, the server lives
-                log.exception("model call on a batch of %d failed", n)
-                for i in batch:
-                    if not i.future.done():
-                        i.future.set_exception(e)
+            if self._inline(n):  # on the event loop, which it blocks that long
+                try:
+                    self._answer(batch, self._timed([i.input for i in batch]))
+                except Exception as e:  # noqa: BLE001 - the batch's requests get it, the server lives
+                    self._fail(batch, e)
+                finally:
+                    self._free.release()
                 continue
-            for i, p in zip(batch, probs, strict=True):
-                if not i.future.done():
-                    i.future.set_result(p)
+            call = loop.create_task(self._answer_async(batch))
+            self._calls.add(call)
+            call.add_done_callback(self._calls.discard)
+
+    async def _answer_async(self, batch: list[_Item]) -> None:
+        """One model call in a worker thread; its instance is freed when it ends."""
+        assert self._free is not None
+        inputs = [i.input for i in batch]
+        try:
+            probs = await asyncio.get_running_loop().run_in_executor(
+                self._pool, self._timed, inputs
+            )
+            self._answer(batch, probs)
+        except Exception as e:  # noqa: BLE001 - the batch's requests get it, the server lives
+            self._fail(batch, e)
+        finally:
+            self._free.release()
+
+    @staticmethod
+    def _answer(batch: list[_Item], probs: np.ndarray) -> None:
+        for i, p in zip(batch, probs, strict=True):
+            if not i.future.done():
+                i.future.set_result(p)
+
+    @staticmethod
+    def _fail(batch: list[_Item], e: Exception) -> None:
+        log.error("model call on a batch of %d failed", len(batch), exc_info=e)
+        for i in batch:
+            if not i.future.done():
+                i.future.set_exception(e)

@@ -35,6 +35,7 @@ the deferred texts.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -225,8 +226,14 @@ class EnsembleModel:
         self.name = path.rsplit("/", 1)[-1] or "ensemble"
         self.source = path
         self.members = [
-            # the members take turns on the same cores: no thread spinning (ort_session)
-            ServedModel(io.join(path, m["dir"]), "onnx", threads, m.get("onnx_file", "model.onnx"), spinning=False)  # fmt: skip
+            # the members share the cores: no thread spinning (ort_session)
+            ServedModel(
+                io.join(path, m["dir"]),
+                "onnx",
+                threads,
+                m.get("onnx_file", "model.onnx"),
+                spinning=False,
+            )
             for m in spec["members"]
         ]
         self.weights = [float(m["weight"]) for m in spec["members"]]
@@ -242,6 +249,7 @@ class EnsembleModel:
         cascade = spec.get("cascade")
         self.threshold: float | None = float(cascade["threshold"]) if cascade else None
         self.seen = self.deferred = 0
+        self._counting = threading.Lock()  # the server's model instances count at once
 
     @property
     def max_padding(self) -> float:
@@ -292,8 +300,9 @@ class EnsembleModel:
         texts = [s[1] for s in samples]
         texts2 = [s[2] for s in samples] if self.pair else None
         probs, deferred = run_cascade(first, self.members, self.orders, self.weights, self.threshold, texts, texts2)  # fmt: skip
-        self.seen += len(samples)
-        self.deferred += deferred
+        with self._counting:
+            self.seen += len(samples)
+            self.deferred += deferred
         return probs
 
 

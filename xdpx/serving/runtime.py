@@ -11,6 +11,7 @@ on top of this module.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Sequence
@@ -167,7 +168,10 @@ class ServedModel:
                 f"(xdpx export export.checkpoint={run}/<best>) or serve with --backend eager"
             )
         self.name = run.rsplit("/", 1)[-1] or "model"
-        self._lock = threading.Lock()  # one model call at a time (the batcher's thread)
+        # the eager backend runs one call at a time (PyTorch's one thread pool a process);
+        # an onnxruntime session takes concurrent runs (the server's model instances)
+        self._lock: Any = contextlib.nullcontext()
+        self._encode_lock = threading.Lock()  # the encoders keep caches (new characters, ...)
         if backend in ("auto", "onnx") and has_onnx:
             import json
 
@@ -192,6 +196,7 @@ class ServedModel:
             self.model, self.encoder = predictor.ckpt.model, predictor.encoder
             self.min_len = self.model.min_len
             self.backend, self.source, self.session = "eager", predictor.ckpt.path, None
+            self._lock = threading.Lock()
             self.kind = predictor.ckpt.name
         self.max_padding = ENCODER_MAX_PADDING if self.kind in HF_MODELS else 0.5
         self.pad_id = self.encoder.pad_id
@@ -204,8 +209,10 @@ class ServedModel:
         log.info("serving %s (%s, %s) from %s", self.name, self.backend, "pairs" if self.pair else "texts", self.source)  # fmt: skip
 
     def encode(self, texts: Sequence[str], texts2: Sequence[str] | None = None) -> list[Sample]:
-        """Token ids of raw texts, as prepro stores them (truncated at ``max_len``)."""
-        return as_samples(*self.encoder.encode_inputs(texts, texts2))
+        """Token ids of raw texts, as prepro stores them (truncated at ``max_len``); one
+        call at a time (safe from the server's model instances)."""
+        with self._encode_lock:
+            return as_samples(*self.encoder.encode_inputs(texts, texts2))
 
     def probs(self, samples: Sequence[Sample]) -> np.ndarray:
         """``[n, num_labels]`` float64 softmax probabilities of ``samples``, in order.

@@ -26,7 +26,10 @@ that queue up while a call runs form the next batch without any wait; a single t
 single-text call (one client at a time) runs at once instead of waiting ``max_wait_ms`` for
 company that is not coming. A call expected to take under ``inline_ms`` runs on the event
 loop instead: the hand-over to the thread costs more than such a call. ``max_batch_size=1``
-turns batching off.
+turns batching off. Up to ``instances`` calls (2 by default; Triton's ``instance_group``)
+run at once, each in its own thread with the cores shared out between them
+(:class:`ServeConfig`): on 2 cores two one-thread calls side by side answer more than one
+two-thread call.
 
 **Overload and bad input**: the queue holds at most ``max_queue`` texts; a request that
 would overflow it gets ``503`` with ``Retry-After`` and is not queued (every accepted text
@@ -38,6 +41,7 @@ uvicorn stops accepting, lets in-flight requests finish, then the batcher stops.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import math
@@ -59,9 +63,9 @@ from starlette.routing import Match, Route
 
 from xdpx.batching import length_chunks
 from xdpx.data.readers import CONTROL_CHARS, TextError, clean_text
-from xdpx.serving.batcher import DynamicBatcher, Overloaded, ServeConfig
-from xdpx.serving.ensemble import load_served
-from xdpx.serving.runtime import ENCODER_MAX_PADDING, ServedModel
+from xdpx.serving.batcher import DynamicBatcher, Overloaded, ServeConfig, threads_per_instance
+from xdpx.serving.ensemble import is_ensemble, load_served
+from xdpx.serving.runtime import ENCODER_MAX_PADDING, ServedModel, find_export
 from xdpx.serving.v2 import (
     HEADER_LENGTH,
     V2Request,
@@ -81,6 +85,7 @@ __all__ = [
     "create_app",
     "length_chunks",
     "serve_http",
+    "threads_per_instance",
     "ENCODER_MAX_PADDING",
     "V2Request",
     "V2Tensor",
@@ -113,6 +118,8 @@ def create_app(model: ServedModel, config: ServeConfig | None = None) -> Any:
     )
 
     cfg = config or ServeConfig()
+    if getattr(model, "backend", "onnx") == "eager" and cfg.instances > 1:
+        cfg = dataclasses.replace(cfg, instances=1)  # its calls take turns (ServedModel)
     if cfg.max_padding is not None:
         model.max_padding = cfg.max_padding
     registry = CollectorRegistry()
@@ -250,6 +257,7 @@ def create_app(model: ServedModel, config: ServeConfig | None = None) -> Any:
                 {"name": "probabilities", "data_type": "TYPE_FP32", "dims": [len(model.labels)]},
             ],
             "dynamic_batching": {"max_queue_delay_microseconds": int(cfg.max_wait_ms * 1000)},
+            "instance_group": [{"count": cfg.instances, "kind": "KIND_CPU"}],
         }
 
     @app.get("/v2/health/live")
@@ -521,9 +529,17 @@ def serve_http(
     onnx_file: str = "model.onnx",
 ) -> None:
     """Load ``run`` and serve it with uvicorn until SIGINT/SIGTERM (graceful: in-flight
-    requests finish). Logs ``listening on http://HOST:PORT`` once ready."""
+    requests finish). Logs ``listening on http://HOST:PORT`` once ready.
+
+    ``threads`` None on onnxruntime with ``config.instances`` > 1: each instance gets
+    :func:`threads_per_instance` intra-op threads (the cores shared out), not onnxruntime's
+    default of every core, which would have the instances fight over them."""
     import uvicorn
 
+    cfg = config or ServeConfig()
+    onnx = backend != "eager" and (is_ensemble(run) or find_export(run.rstrip("/"), onnx_file) is not None)  # fmt: skip
+    if threads is None and onnx and cfg.instances > 1:
+        threads = threads_per_instance(cfg.instances)
     model = load_served(run, backend, threads, onnx_file)  # an ensemble directory, or a run's
-    app = create_app(model, config)
+    app = create_app(model, cfg)
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30)
