@@ -461,6 +461,28 @@ def test_threads_per_instance_share_the_cores_out():
     assert threads_per_instance(2) >= 1  # this process's cores
 
 
+@pytest.mark.unit
+def test_serve_http_gives_each_instance_its_share_of_the_cores_and_warns_past_them(monkeypatch, caplog):  # fmt: skip
+    from xdpx.serving import server
+
+    loaded: list = []
+
+    def load(run, backend, threads, onnx_file):
+        loaded.append(threads)
+        raise KeyboardInterrupt  # stop before uvicorn
+
+    monkeypatch.setattr(server, "load_served", load)
+    monkeypatch.setattr(server, "find_export", lambda run, onnx_file: run)  # an export
+    for threads in (None, 256):
+        with pytest.raises(KeyboardInterrupt):
+            server.serve_http("models/x", threads=threads)
+    assert loaded == [server.threads_per_instance(2), 256]
+    assert "2 instances x 256 threads is more than this machine's" in caplog.text
+    with pytest.raises(KeyboardInterrupt):  # the eager backend: the library's own threads
+        server.serve_http("models/x", backend="eager")
+    assert loaded[-1] is None
+
+
 @pytest.mark.e2e
 def test_an_exported_model_answers_two_instances_at_once_as_one(single):
     """The server's two model instances call one onnxruntime session (no lock) and one
