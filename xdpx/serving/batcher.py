@@ -19,7 +19,14 @@ import numpy as np
 
 log = logging.getLogger("xdpx.serving.server")
 
-__all__ = ["DynamicBatcher", "Input", "Overloaded", "ServeConfig", "threads_per_instance"]
+__all__ = [
+    "DynamicBatcher",
+    "Input",
+    "Overloaded",
+    "ServeConfig",
+    "available_cores",
+    "threads_per_instance",
+]
 
 
 @dataclass
@@ -71,18 +78,22 @@ class ServeConfig:
             raise ValueError(f"instances must be >= 1, got {self.instances}")
 
 
+def available_cores() -> int:
+    """The cores this process may run on (``os.sched_getaffinity``, else ``os.cpu_count()``)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def threads_per_instance(instances: int, cores: int | None = None) -> int:
     """onnxruntime intra-op threads for each of ``instances`` model instances: the cores
-    this process may run on (``os.sched_getaffinity``, else ``os.cpu_count()``), shared
-    out, at least 1.
+    shared out, at least 1.
 
     Args:
         instances: model calls in flight at once (:attr:`ServeConfig.instances`), >= 1.
-        cores: the cores to share (None: this process's).
+        cores: the cores to share (None: :func:`available_cores`).
     """
-    if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)  # fmt: skip
-    return max(1, cores // max(1, instances))
+    return max(1, (available_cores() if cores is None else cores) // max(1, instances))
 
 
 class Overloaded(Exception):
@@ -235,40 +246,30 @@ class DynamicBatcher:
             if self.on_batch is not None:
                 self.on_batch(n)
             if self._inline(n):  # on the event loop, which it blocks that long
-                try:
-                    self._answer(batch, self._timed([i.input for i in batch]))
-                except Exception as e:  # noqa: BLE001 - the batch's requests get it, the server lives
-                    self._fail(batch, e)
-                finally:
-                    self._free.release()
+                await self._call(batch, inline=True)
                 continue
-            call = loop.create_task(self._answer_async(batch))
+            call = loop.create_task(self._call(batch, inline=False))
             self._calls.add(call)
             call.add_done_callback(self._calls.discard)
 
-    async def _answer_async(self, batch: list[_Item]) -> None:
-        """One model call in a worker thread; its instance is freed when it ends."""
+    async def _call(self, batch: list[_Item], inline: bool) -> None:
+        """One model call on ``batch`` (on the event loop when ``inline``, else in a worker
+        thread), its rows handed to the requests; its instance is freed when it ends."""
         assert self._free is not None
         inputs = [i.input for i in batch]
         try:
-            probs = await asyncio.get_running_loop().run_in_executor(
-                self._pool, self._timed, inputs
-            )
-            self._answer(batch, probs)
+            if inline:
+                probs = self._timed(inputs)
+            else:
+                loop = asyncio.get_running_loop()
+                probs = await loop.run_in_executor(self._pool, self._timed, inputs)
+            for i, p in zip(batch, probs, strict=True):
+                if not i.future.done():
+                    i.future.set_result(p)
         except Exception as e:  # noqa: BLE001 - the batch's requests get it, the server lives
-            self._fail(batch, e)
+            log.error("model call on a batch of %d failed", len(batch), exc_info=e)
+            for i in batch:
+                if not i.future.done():
+                    i.future.set_exception(e)
         finally:
             self._free.release()
-
-    @staticmethod
-    def _answer(batch: list[_Item], probs: np.ndarray) -> None:
-        for i, p in zip(batch, probs, strict=True):
-            if not i.future.done():
-                i.future.set_result(p)
-
-    @staticmethod
-    def _fail(batch: list[_Item], e: Exception) -> None:
-        log.error("model call on a batch of %d failed", len(batch), exc_info=e)
-        for i in batch:
-            if not i.future.done():
-                i.future.set_exception(e)

@@ -63,7 +63,13 @@ from starlette.routing import Match, Route
 
 from xdpx.batching import length_chunks
 from xdpx.data.readers import CONTROL_CHARS, TextError, clean_text
-from xdpx.serving.batcher import DynamicBatcher, Overloaded, ServeConfig, threads_per_instance
+from xdpx.serving.batcher import (
+    DynamicBatcher,
+    Overloaded,
+    ServeConfig,
+    available_cores,
+    threads_per_instance,
+)
 from xdpx.serving.ensemble import is_ensemble, load_served
 from xdpx.serving.runtime import ENCODER_MAX_PADDING, ServedModel, find_export
 from xdpx.serving.v2 import (
@@ -541,8 +547,7 @@ def serve_http(
     if threads is None and onnx and cfg.instances > 1:
         threads = threads_per_instance(cfg.instances)
     elif threads is not None and onnx and threads > threads_per_instance(cfg.instances):
-        cores = threads_per_instance(1)
-        log.warning("%d instances x %d threads is more than this machine's %d cores: the calls will fight over them (a first look on 2 cores: 2 instances x 2 threads served 12-30%% fewer requests than 2 x 1); --threads %d or --instances 1 fit", cfg.instances, threads, cores, threads_per_instance(cfg.instances))  # fmt: skip
+        log.warning("%d instances x %d threads is more than this machine's %d cores: the calls will fight over them (a first look on 2 cores: 2 instances x 2 threads served 12-30%% fewer requests than 2 x 1); --threads %d or --instances 1 fit", cfg.instances, threads, available_cores(), threads_per_instance(cfg.instances))  # fmt: skip
     model = load_served(run, backend, threads, onnx_file)  # an ensemble directory, or a run's
     app = create_app(model, cfg)
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30)
