@@ -19,7 +19,8 @@ small loopback HTTP proxies in front of it:
 Both fronts share the fault mode: ``store.fail_rate = 0.2`` makes that fraction of requests fail
 transiently, drawn from a ``random.Random(seed)`` (same seed and request order => same faults),
 as an HTTP 503 with a proper error body or an abrupt TCP reset (``store.fault_kinds``);
-``store.fail_next(n, kind)`` fails exactly the next ``n`` requests; ``store.down()`` closes
+``store.fail_next(n, kind)`` fails exactly the next ``n`` requests and
+``store.fail_matching(method, fragment)`` every such request for one key; ``store.down()`` closes
 both fronts so clients get "connection refused" until ``store.up()``.
 ``store.stats`` counts requests and injected faults so tests can assert faults really happened.
 The helpers ``make_bucket``, ``keys`` and ``get_bytes`` talk to moto directly and are never
@@ -218,7 +219,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _handle(self) -> None:
         store, kind = self.server.store, self.server.kind
         body = self._read_body()
-        fault = store._draw_fault(kind)
+        fault = store._draw_fault(kind, self.command, self.path)
         if fault == "reset":
             self.close_connection = True
             _reset(self.connection)
@@ -458,6 +459,7 @@ class LocalObjectStore:
         self._seed = seed
         self._rng = random.Random(seed)
         self._forced: list[str] = []
+        self._matching: list[tuple[str, str, str]] = []
         self._lock = threading.Lock()
         self._moto = None
         self._moto_port = 0
@@ -534,12 +536,14 @@ class LocalObjectStore:
 
     # faults
     def reset_faults(self) -> None:
-        """fail_rate 0, default kinds, no pending fail_next, RNG reseeded, counters zeroed, up."""
+        """fail_rate 0, default kinds, no pending fail_next or fail_matching, RNG reseeded,
+        counters zeroed, up."""
         self.fail_rate = 0.0
         self.fault_kinds = ("503", "reset")
         self._rng = random.Random(self._seed)
         with self._lock:
             self._forced.clear()
+            self._matching.clear()
         self.reset_stats()
         self.up()
 
@@ -559,11 +563,28 @@ class LocalObjectStore:
         with self._lock:
             self._forced.extend([kind] * n)
 
-    def _draw_fault(self, kind: str) -> str | None:
+    def fail_matching(self, method: str, fragment: str, kind: str = "reset") -> None:
+        """Fail every ``method`` request (either front) whose path contains ``fragment``.
+
+        Until ``reset_faults()``; checked before ``fail_next`` and the rate draw. Lets a test
+        fail one object's uploads however often a client retries them.
+
+        Raises:
+            ValueError: for a kind not in FAULT_KINDS.
+        """
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"fault kind {kind!r} is not one of {FAULT_KINDS}")
+        with self._lock:
+            self._matching.append((method.upper(), fragment, kind))
+
+    def _draw_fault(self, kind: str, method: str = "", path: str = "") -> str | None:
         with self._lock:
             self.stats.requests += 1
             self.stats.by_front[kind] += 1
-            if self._forced:
+            matched = [k for m, frag, k in self._matching if m == method and frag in path]
+            if matched:
+                fault = matched[0]
+            elif self._forced:
                 fault = self._forced.pop(0)
             elif self.fail_rate <= 0 or self._rng.random() >= self.fail_rate:
                 return None

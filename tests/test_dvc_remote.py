@@ -148,6 +148,25 @@ def pull_into_clone(repo: Path, clone: Path, dvc, env, local) -> None:
     run(dvc + ["pull"], clone, env)
 
 
+def remote_gaps(store_bucket) -> list[str]:
+    """md5 values that a ``.dir`` listing on the remote names but the remote does not hold.
+
+    DVC trusts a ``.dir`` on a remote to mean all its files are there, so a gap is a file no
+    later ``dvc push`` uploads and every ``dvc pull`` fails on.
+    """
+    import json
+
+    keys = store_bucket.keys("xdpx/files/md5/")
+    held = {key.split("/md5/")[1].replace("/", "") for key in keys}
+    listed = {
+        entry["md5"]
+        for key in keys
+        if key.endswith(".dir")
+        for entry in json.loads(store_bucket.get_bytes(key))
+    }
+    return sorted(listed - held)
+
+
 def remote_damage(store_bucket) -> list[str]:
     """Keys of the DVC cache on the remote whose bytes do not hash to their name."""
     bad = []
@@ -212,6 +231,45 @@ def test_push_and_pull_ride_out_20_percent_transient_faults(
         assert remote_damage(store_bucket) == []  # what did land is whole
     run(dvc + ["push"], repo, env)
     assert remote_damage(store_bucket) == []
+    assert remote_gaps(store_bucket) == []
     pull_into_clone(repo, tmp_path / "clone", dvc, env, local)
     assert digests(tmp_path / "clone") == digests(repo)
     assert store.stats.faults >= 10 and store.stats.injected["reset"] > 0
+
+
+def test_a_failed_upload_of_a_shared_file_keeps_the_next_push_whole(
+    store_bucket, artifacts, xdpx_site_python, tmp_path
+):
+    """vocab.txt is in data/prepared and in both checkpoints of models/: when its every upload
+    fails, the first push fails, and the next one (no faults) must upload it. Without
+    xdpx.patches.dvc_dir_upload, dvc-data uploads the other directory's .dir anyway, the next
+    push exits 0 without the file, and the remote stays broken (treeverse/dvc issue #10977)."""
+    store = store_bucket.store
+    dvc = xdpx_site_python + ["-m", "dvc"]
+    repo, env, local = remote_repo("oss", store_bucket, artifacts, dvc, tmp_path)
+    shared = hashlib.md5((repo / "data/prepared/vocab.txt").read_bytes()).hexdigest()
+    assert (
+        digests(repo)["models/tiny/best/vocab.txt"] == shared
+    )  # the premise: one object, two dirs
+    fast = {**env, "XDPX_OSS_RETRY": "0"}  # every attempt fails anyway: no need to wait for retries
+
+    def push_twice(environ: dict, bucket) -> None:
+        run(dvc + ["remote", "modify", "storage", "url", f"oss://{bucket.name}/xdpx"], repo, env)
+        run(["git", "commit", "-qam", f"remote: {bucket.name}", "--allow-empty"], repo, env)
+        store.fail_matching("PUT", shared[2:])  # the key is .../md5/<2 hex>/<30 hex>
+        failed = run(dvc + ["push"], repo, environ, ok=False)
+        assert failed.returncode != 0, failed.stdout
+        store.reset_faults()
+        run(dvc + ["push"], repo, {k: v for k, v in environ.items() if k != "XDPX_OSS_RETRY"})
+
+    push_twice({**fast, "XDPX_DVC_DIR_FIX": "0"}, store_bucket)  # upstream's behaviour
+    assert remote_gaps(store_bucket) == [shared], "dvc-data fixed it: delete the patch"
+
+    from objstore import StoreBucket
+
+    fresh = StoreBucket(store.make_bucket(), store)
+    push_twice(fast, fresh)
+    assert remote_gaps(fresh) == []
+    assert any(key.endswith(shared[2:]) for key in fresh.keys("xdpx/files/md5/"))
+    pull_into_clone(repo, tmp_path / "clone", dvc, env, local)
+    assert digests(tmp_path / "clone") == digests(repo)

@@ -1,4 +1,5 @@
-"""xdpx/patches: the aiooss2 #96 fix, the ossfs retries, and the .pth hook that applies them."""
+"""xdpx/patches: the aiooss2 #96 fix, the ossfs retries, the dvc-data .dir guard, and the .pth hook
+that applies them."""
 
 from __future__ import annotations
 
@@ -313,3 +314,54 @@ def test_pth_line_leaves_xdpx_to_be_imported_from_sys_path(tmp_path):
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
     ).stdout.strip()
     assert out == "checkout"
+
+
+@pytest.mark.unit
+def test_dvc_dir_upload_refuses_a_dir_that_lists_a_file_failed_earlier(monkeypatch):
+    """dvc-data's own _do_transfer order, faked: dir A's files (one fails), then dir B, whose
+    listing shares the failed file but whose bound files all went up."""
+    import types
+
+    from dvc_data.hashfile.hash_info import HashInfo
+
+    from xdpx.patches import dvc_dir_upload
+
+    monkeypatch.delenv(dvc_dir_upload.DISABLE_ENV, raising=False)
+    shared, own_a, own_b = (HashInfo("md5", v) for v in ("a" * 32, "b" * 32, "c" * 32))
+    dir_a, dir_b = HashInfo("md5", "d" * 32 + ".dir"), HashInfo("md5", "e" * 32 + ".dir")
+    trees = {dir_a: [shared, own_a], dir_b: [shared, own_b]}
+    uploaded = []
+
+    def add(src, dest, hash_infos, **kwargs):
+        uploaded.extend(hash_infos)
+        return {h for h in hash_infos if h == shared}  # the shared file's upload fails
+
+    def do_transfer(src, dest, **kwargs):
+        failed = set(module._add(src, dest, {shared, own_a}))
+        if not failed:
+            failed |= module._add(src, dest, [dir_a])
+        failed |= module._add(src, dest, {own_b})  # shared was bound to A only, as in dvc-data
+        if not failed & {own_b}:
+            failed |= module._add(src, dest, [dir_b])
+        return failed
+
+    def find_tree_by_obj_id(odbs, dir_hash):
+        return [(None, None, oid) for oid in trees[dir_hash]]
+
+    module = types.SimpleNamespace(
+        _do_transfer=do_transfer, _add=add, find_tree_by_obj_id=find_tree_by_obj_id
+    )
+    odb = types.SimpleNamespace(fs=types.SimpleNamespace(protocol="local"))
+    assert do_transfer(odb, odb) == {shared}  # unpatched: B's .dir goes up
+    assert dir_b in uploaded
+    uploaded.clear()
+    assert dvc_dir_upload.apply(module) is True
+    assert dvc_dir_upload.apply(module) is False  # idempotent
+    assert module._do_transfer(odb, odb) == {shared, dir_b}
+    assert dir_b not in uploaded and own_b in uploaded
+    assert dvc_dir_upload._failed.get() is None  # the record lives for one transfer only
+    monkeypatch.setenv(dvc_dir_upload.DISABLE_ENV, "0")
+    fresh = types.SimpleNamespace(
+        _do_transfer=do_transfer, _add=add, find_tree_by_obj_id=find_tree_by_obj_id
+    )
+    assert dvc_dir_upload.apply(fresh) is False and fresh._add is add

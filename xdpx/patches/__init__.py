@@ -8,12 +8,16 @@ detects when upstream no longer needs it, and has an environment switch to turn 
 - ``ossfs_retry``: ossfs/aiooss2 have no retries, so one transient 5xx or connection reset
   aborts a whole ``dvc push``/``dvc pull`` on OSS (dvc-s3 gets them from botocore).
   ``XDPX_OSS_RETRY=0`` disables it.
+- ``dvc_dir_upload``: dvc-data uploads a directory's ``.dir`` even when a file it shares with
+  another tracked directory failed to upload, and every later push then skips that file
+  (treeverse/dvc issue #10977). ``XDPX_DVC_DIR_FIX=0`` disables it.
 
 How they reach a plain ``dvc push``: installing xdpx (``pip install .`` or ``pip install -e .``)
 puts ``xdpx-patches.pth`` into site-packages (see setup.py). Python runs its one line,
 ``xdpx.patches.install()``, at every interpreter start in that environment. ``install()``
 imports nothing: it adds a meta-path finder that applies a patch right after its target
-module is first imported (``aiooss2.adapter``, ``ossfs.async_oss``), in any process -- ``dvc``,
+module is first imported (``aiooss2.adapter``, ``ossfs.async_oss``,
+``dvc_data.hashfile.transfer``), in any process -- ``dvc``,
 ``python -m stages.*``, Prefect workers. DVC has no plugin hook of its own, so a ``.pth`` file is
 the one mechanism that fixes the user's own ``dvc`` command.
 """
@@ -27,6 +31,7 @@ import sys
 HOOKS = {
     "aiooss2.adapter": ("xdpx.patches.aiooss2_payload", "apply_to_module"),
     "ossfs.async_oss": ("xdpx.patches.ossfs_retry", "apply_to_module"),
+    "dvc_data.hashfile.transfer": ("xdpx.patches.dvc_dir_upload", "apply_to_module"),
 }
 
 
