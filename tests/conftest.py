@@ -16,43 +16,48 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     _share = (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _share)))
 
-# The slowest test files, slowest first (seconds per file, setup included, measured under
-# `make test` on 2 cores, 2026-12-02, sharing the cores with a bench: hf 130, dvc_queue 117,
-# deploy 113, distill_pipeline 110, dvc 95, scale 87, multinode 81, doctor 74, flow 69,
-# remote 68, dvc_remote 63 (~100 with the shared-file push test of 2026-12-06), record 63, cv 61, trim 59, distributed 56, mlm 55, bench_scale
-# 50, gpu_check 48, suite 47, resume 36, data 28, freelb 27, tune 26, transformer_students
-# 22, ensemble ~22, server ~21, bench_serve_students 21; every other file under 20). They
-# start first, longest first, so that under pytest-xdist no long file is left to run alone
-# at the end. This needs `--no-loadscope-reorder` (the Makefile passes it): by default
-# pytest-xdist >= 3.6 reorders files by their number of tests, which put these (1-13 tests
-# each) last and left one worker idle for ~5 of the suite's 16 minutes.
+# The slowest test files, slowest first (seconds per file, setup included, from the junit
+# report of `make test` in a fresh clone on an idle 2-core machine, 2026-12-06; 1,565 s of
+# tests over 3 workers, 545 s wall): doctor 101, dvc 99, hf 88, deploy 79, remote 79, scale
+# 78, suite 76, flow 71, dvc_remote 69, distill_pipeline 66, bench_scale 65, dvc_queue 65,
+# multinode 53, distributed 53, mlm 43, cv 43, trim 41, ngram 29, resume 28, gpu_check 28,
+# transformer_students 26, server 25, tune 24, freelb 24, record 23, ensemble 17, trainer 16,
+# pairs 16, data 15, bench_serve_students 13; every other file under 10. They start first,
+# longest first, so that under pytest-xdist no long file is left to run alone at the end
+# (that run's workers finished within ~22 s of each other). This needs
+# `--no-loadscope-reorder` (the Makefile passes it): by default pytest-xdist >= 3.6 reorders
+# files by their number of tests, which put these (1-13 tests each) last and left one worker
+# idle for ~5 of the suite's 16 minutes.
 _SLOW_FIRST = (
-    "test_hf.py",
-    "test_dvc_queue.py",
-    "test_deploy.py",
-    "test_distill_pipeline.py",
-    "test_dvc_remote.py",
-    "test_dvc.py",
-    "test_scale.py",
-    "test_multinode.py",
     "test_doctor.py",
-    "test_flow.py",
+    "test_dvc.py",
+    "test_hf.py",
+    "test_deploy.py",
     "test_remote.py",
-    "test_record.py",
-    "test_cv.py",
-    "test_trim.py",
+    "test_scale.py",
+    "test_suite.py",
+    "test_flow.py",
+    "test_dvc_remote.py",
+    "test_distill_pipeline.py",
+    "test_bench_scale.py",
+    "test_dvc_queue.py",
+    "test_multinode.py",
     "test_distributed.py",
     "test_mlm.py",
-    "test_bench_scale.py",
-    "test_gpu_check.py",
-    "test_suite.py",
+    "test_cv.py",
+    "test_trim.py",
+    "test_ngram.py",
     "test_resume.py",
-    "test_data.py",
-    "test_freelb.py",
-    "test_tune.py",
+    "test_gpu_check.py",
     "test_transformer_students.py",
-    "test_ensemble.py",
     "test_server.py",
+    "test_tune.py",
+    "test_freelb.py",
+    "test_record.py",
+    "test_ensemble.py",
+    "test_trainer.py",
+    "test_pairs.py",
+    "test_data.py",
     "test_bench_serve_students.py",
     "test_static.py",
 )
