@@ -360,6 +360,14 @@ def test_dvc_dir_upload_refuses_a_dir_that_lists_a_file_failed_earlier(monkeypat
     assert module._do_transfer(odb, odb) == {shared, dir_b}
     assert dir_b not in uploaded and own_b in uploaded
     assert dvc_dir_upload._failed.get() is None  # the record lives for one transfer only
+
+    def unreadable(odbs, dir_hash):
+        raise OSError("remote read failed")
+
+    module.find_tree_by_obj_id = unreadable  # the check never fails a push: DVC decides
+    uploaded.clear()
+    assert module._do_transfer(odb, odb) == {shared}
+    assert dir_b in uploaded
     monkeypatch.setenv(dvc_dir_upload.DISABLE_ENV, "0")
     fresh = types.SimpleNamespace(
         _do_transfer=do_transfer, _add=add, find_tree_by_obj_id=find_tree_by_obj_id

@@ -73,10 +73,14 @@ def _failed_entries(module, src, dest, dir_hash, failed: set[str]) -> list[str]:
     """The md5 values listed in ``dir_hash``'s ``.dir`` that failed earlier in this transfer.
 
     The listing is read from whichever side is local first (the cache), then the other one.
-    An unreadable listing gives ``[]``, which leaves the decision to DVC.
+    A listing that cannot be read gives ``[]``, which leaves the decision to DVC.
     """
     odbs = sorted((src, dest), key=lambda odb: odb.fs.protocol != "local")
-    tree = module.find_tree_by_obj_id(odbs, dir_hash)
+    try:
+        tree = module.find_tree_by_obj_id(odbs, dir_hash)
+    except Exception as exc:  # a remote read that failed: never fail a push for the check
+        logger.debug("could not read the listing of '%s': %s", dir_hash, exc)
+        return []
     if tree is None:
         return []
     return sorted({oid.value for _, _, oid in tree} & failed)
