@@ -25,7 +25,11 @@ the one mechanism that fixes the user's own ``dvc`` command.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+
+#: values of a patch's environment switch that turn the patch off
+OFF_VALUES = ("0", "false", "no", "off")
 
 #: target module -> (patch module, function called with the freshly executed target module)
 HOOKS = {
@@ -33,6 +37,12 @@ HOOKS = {
     "ossfs.async_oss": ("xdpx.patches.ossfs_retry", "apply_to_module"),
     "dvc_data.hashfile.transfer": ("xdpx.patches.dvc_dir_upload", "apply_to_module"),
 }
+
+
+def switched_off(env: str) -> bool:
+    """True when the environment variable ``env`` is one of :data:`OFF_VALUES` (any case):
+    each patch's ``disabled()``, e.g. ``switched_off("XDPX_OSS_RETRY")``."""
+    return os.environ.get(env, "").strip().lower() in OFF_VALUES
 
 
 def _run_hook(module) -> None:

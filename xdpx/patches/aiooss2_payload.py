@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import abc
 import functools
-import os
+
+from xdpx.patches import switched_off
 
 DISABLE_ENV = "XDPX_AIOOSS2_FIX"
 UPSTREAM_ISSUE = "https://github.com/karajan1001/aiooss2/issues/96"
@@ -61,7 +62,7 @@ def _consuming(write):
 
 def disabled() -> bool:
     """True when ``XDPX_AIOOSS2_FIX=0`` (or ``false``/``no``/``off``) is set."""
-    return os.environ.get(DISABLE_ENV, "").strip().lower() in ("0", "false", "no", "off")
+    return switched_off(DISABLE_ENV)
 
 
 def _decode_missing(cls: type) -> bool:

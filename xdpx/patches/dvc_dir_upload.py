@@ -35,7 +35,8 @@ from __future__ import annotations
 import contextvars
 import functools
 import logging
-import os
+
+from xdpx.patches import switched_off
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ _failed: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar(
 
 def disabled() -> bool:
     """True when ``XDPX_DVC_DIR_FIX=0`` (or ``false``/``no``/``off``) is set."""
-    return os.environ.get(DISABLE_ENV, "").strip().lower() in ("0", "false", "no", "off")
+    return switched_off(DISABLE_ENV)
 
 
 def _scoped(do_transfer):

@@ -32,6 +32,7 @@ import os
 import random
 
 from xdpx import retry as shared
+from xdpx.patches import switched_off
 from xdpx.retry import is_transient
 
 logger = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ _inside: contextvars.ContextVar[bool] = contextvars.ContextVar("xdpx_oss_retry",
 
 def disabled() -> bool:
     """True when ``XDPX_OSS_RETRY=0`` (or ``false``/``no``/``off``) is set."""
-    return os.environ.get(DISABLE_ENV, "").strip().lower() in ("0", "false", "no", "off")
+    return switched_off(DISABLE_ENV)
 
 
 def attempts() -> int:
