@@ -5,7 +5,7 @@ student a few tenths of a point ahead of the n-gram alone on one seed may be see
 issue 49's acceptance is a mean over 3 student seeds. This bench takes a finished run (its
 ``configs_dir``: the resolved step configs; its ``report_dir``: ``decision.json``), retrains
 the student's chosen grid point and its reference (the n-gram alone, ``alone-l<L>`` or the
-plan's ``baseline``; with a baseline also the student's own model alone) with each
+plan's ``baseline``; with a baseline also the student's own model alone, unless ``--no-twin``) with each
 ``--seeds`` value on the very data the run prepared (``train.run`` of the students step's train config, with ``seed``,
 ``distill_*`` and ``save_dir`` set), scores both on dev and test (``stages.evaluate``) and
 writes, beside the run's own seed, the means, the teacher's dev gain over the n-gram alone
@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--report", required=True, help="The run's report_dir (decision.json).")
     ap.add_argument("--seeds", type=int, nargs="+", default=[2, 3], help="Student seeds to add to the run's own.")  # fmt: skip
     ap.add_argument("--best-peer-test", type=float, default=None, help="The best peer's test accuracy (the suite's), for the + 1.0 target.")  # fmt: skip
+    ap.add_argument("--no-twin", action="store_true", help="Skip the student's own model on the gold labels (the gold-only twin; what distillation adds): a cascade needs only the student and the n-gram.")  # fmt: skip
     ap.add_argument("--json", default=None, help="Write the result here.")
     ap.add_argument("--suite-json", default=None, help="Also write the student's row of the suite here (merge it: xdpx suite --merge).")  # fmt: skip
     ap.add_argument("--corpus", default=None, help="The suite corpus of the run (with --suite-json).")  # fmt: skip
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "distill_alpha": best["alpha"], "distill_temperature": best["temperature"], **arch,
         }), copies_dir(students.data_dir, best["copies"])),
     }  # fmt: skip
-    if reference != own:
+    if reference != own and not args.no_twin:
         roles["own"] = (own, students.train.model_copy(update=arch), gold_dir(students.data_dir))
 
     def scored(run: str, data_dir: str) -> Any:

@@ -30,12 +30,19 @@ Test is reported, never used to choose. Run on the machine the distill run train
 
 (writes ``<report>/cascades.json``; ``--json`` elsewhere). ``bench/serve_students.py`` then
 serves the exports and cascades side by side.
+
+The budget can instead come from a speed target (:func:`speed_budget`): ``--budget-from
+reports/serve_students-cascade-l6-snownlp.json:ngram,l6-int8 --speedup 2.5`` defers the largest
+share whose modelled server CPU per request still serves 2.5x the report's reference (the teacher's
+int8). ``--count-seeds 4 5 6`` adds the mean over those seeds alone (``counted``), for a rule
+fixed before those seeds ran (``reports/distill-snownlp-l6-k3-fresh/plan.md``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -54,14 +61,72 @@ def log(msg: str) -> None:
     print(f"[student_cascades {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def speed_budget(serve: dict[str, Any], ngram: str, student: str, speedup: float) -> float:
+    """The largest share of texts a cascade may defer to ``student`` and still serve ``speedup``
+    times the serve report's reference.
+
+    ``serve`` is a ``bench/serve_students.py`` report; its models' ``cpu_ms_per_request`` (server
+    CPU ms per request at the report's concurrency) give the modelled cascade cost
+    ``cpu(ngram) + d * cpu(student)`` (the n-gram reads every text, the student the deferred
+    share ``d``), which must stay at most ``cpu(reference) / speedup``:
+
+        d = (cpu(reference) / speedup - cpu(ngram)) / cpu(student)
+
+    rounded down to two decimals and clipped to [0, 1]. The model ignores batching gains, so it
+    errs slow: a cascade of the snownlp 6-layer student measured 1.25 ms at 31% deferred where it
+    predicts 1.48. Raises ``KeyError`` naming a model the report lacks.
+    """
+    models = serve["models"]
+    for name in (ngram, student, serve["reference"]):
+        if name not in models:
+            raise KeyError(f"the serve report has no model {name!r} (it has {sorted(models)})")
+    cpu = {name: models[name]["cpu_ms_per_request"] for name in (ngram, student, serve["reference"])}  # fmt: skip
+    d = (cpu[serve["reference"]] / speedup - cpu[ngram]) / cpu[student]
+    return min(1.0, max(0.0, math.floor(d * 100 + 1e-9) / 100))
+
+
+def seed_mean(runs: dict[str, Any], names: list[str], teacher_test: float) -> dict[str, Any]:
+    """Means over the student runs ``names`` (entries of ``runs``) of the int8 student, its n-gram,
+    the cascade and the deferred share (``{split: accuracy}`` each), the shares of the teacher's
+    test gain the mean cascade and student keep (:func:`xdpx.distill.plan.kept_share`), and the
+    cascade's test gain over its n-gram: the mean of the runs' paired differences and the mean
+    of their paired SEs, a bound on the mean's SE (for any correlation between the runs,
+    ``sd(mean of X_i) <= mean of sd(X_i)`` by the Cauchy-Schwarz inequality)."""
+    from xdpx.distill.plan import kept_share
+
+    def over(get: Any) -> dict[str, float]:
+        return {s: statistics.mean(get(runs[r])[s] for r in names) for s in ("dev", "test")}
+
+    mean: dict[str, Any] = {
+        "student_int8": over(lambda r: r["student_int8"]),
+        "ngram_int8": over(lambda r: r["ngram_int8"]),
+        "cascade": over(lambda r: r["cascade"]["accuracy"]),
+        "deferred": over(lambda r: r["cascade"]["deferred"]),
+    }
+    mean["cascade_test_kept"] = kept_share(teacher_test, mean["ngram_int8"]["test"], mean["cascade"]["test"])  # fmt: skip
+    mean["student_test_kept"] = kept_share(teacher_test, mean["ngram_int8"]["test"], mean["student_int8"]["test"])  # fmt: skip
+    paired = [runs[r]["cascade"]["paired"]["test"]["ngram"] for r in names]
+    mean["cascade_vs_ngram_test"] = {"diff": statistics.mean(p["diff"] for p in paired), "se_at_most": statistics.mean(p["se"] for p in paired)}  # fmt: skip
+    return mean
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--configs", required=True, help="The run's configs_dir (students.yaml).")
     ap.add_argument("--report", required=True, help="The run's report_dir (decision.json, seeds.json).")  # fmt: skip
     ap.add_argument("--max-defer", type=float, default=0.2, help="The cascade's speed budget: the largest share of dev sent to the student (default 0.2).")  # fmt: skip
+    ap.add_argument("--budget-from", default=None, metavar="SERVE.json:NGRAM,STUDENT", help="Set --max-defer from a serve_students report: the share the speed target allows (speed_budget).")  # fmt: skip
+    ap.add_argument("--speedup", type=float, default=2.5, help="With --budget-from: the cascade's speed target over the report's reference (default 2.5, issue 56).")  # fmt: skip
+    ap.add_argument("--count-seeds", type=int, nargs="+", default=None, help="Also the mean over these seeds alone (1 is the distill run's own).")  # fmt: skip
     ap.add_argument("--threads", type=int, default=2, help="onnxruntime threads of the exports' checks and the cascades")  # fmt: skip
     ap.add_argument("--json", default=None, help="Write the result here (default <report>/cascades.json).")  # fmt: skip
     args = ap.parse_args(argv)
+    if args.budget_from:
+        path, _, names = args.budget_from.rpartition(":")
+        if not path or names.count(",") != 1:
+            ap.error(f"--budget-from {args.budget_from!r}: want SERVE.json:NGRAM,STUDENT")
+        args.max_defer = speed_budget(json.loads(io.read_text(path)), *names.split(","), args.speedup)  # fmt: skip
+        log(f"budget from {path}: at most {args.max_defer:g} of dev deferred ({args.speedup:g}x its reference)")  # fmt: skip
 
     from xdpx.distill.plan import kept_share, read_step_config
 
@@ -109,20 +174,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         }
         log(f"{name}: alone test {alone['test']:.4f}, cascade test {c['accuracy']['test']:.4f}, n-gram {ngram['test']:.4f}, deferred test {c['deferred']['test']:.3f}")  # fmt: skip
     if seeds:
-
-        def over_seeds(get: Any) -> dict[str, float]:
-            """``{split: mean over seed_runs of get(run entry)[split]}``."""
-            return {s: statistics.mean(get(out["runs"][r])[s] for r in seed_runs) for s in ("dev", "test")}  # fmt: skip
-
-        mean: dict[str, Any] = {
-            "student_int8": over_seeds(lambda r: r["student_int8"]),
-            "ngram_int8": over_seeds(lambda r: r["ngram_int8"]),
-            "cascade": over_seeds(lambda r: r["cascade"]["accuracy"]),
-            "deferred": over_seeds(lambda r: r["cascade"]["deferred"]),
-        }
-        mean["cascade_test_kept"] = kept_share(t_test, mean["ngram_int8"]["test"], mean["cascade"]["test"])  # fmt: skip
-        mean["student_test_kept"] = kept_share(t_test, mean["ngram_int8"]["test"], mean["student_int8"]["test"])  # fmt: skip
-        out["seeds"] = {"runs": seed_runs, "mean": mean}
+        out["seeds"] = {"runs": seed_runs, "mean": seed_mean(out["runs"], seed_runs, t_test)}
+        if args.count_seeds:
+            by_seed = dict(zip(seeds["seeds"], seed_runs, strict=True))
+            if missing := sorted(set(args.count_seeds) - set(by_seed)):
+                raise SystemExit(f"--count-seeds {missing}: {seeds_file} has seeds {seeds['seeds']}")  # fmt: skip
+            counted = [by_seed[k] for k in args.count_seeds]
+            out["counted"] = {"seeds": args.count_seeds, "runs": counted, "mean": seed_mean(out["runs"], counted, t_test)}  # fmt: skip
+            kept = out["counted"]["mean"]["cascade_test_kept"]
+            log(f"seeds {args.count_seeds}: the cascade keeps " + ("n/a (the teacher is not ahead)" if kept is None else f"{kept:.1%}") + " of the teacher's test gain")  # fmt: skip
     out["seconds"] = round(time.perf_counter() - start, 1)
     out["how"] = (
         "bench/student_cascades.py: int8 exports of the distill run's teacher, baseline and students; "

@@ -208,6 +208,10 @@ def test_the_seeds_bench_retrains_student_reference_and_own_model_with_paired_se
     mean = out["mean"]
     assert p["diff"] == pytest.approx(mean["student_test"] - mean["alone_test"])
     assert p["se"] > 0 and out["test_n"] == 100
+    # --no-twin: the same finished runs, scored without the gold-only twin
+    lean = bench.main(["--configs", "data/distill/configs", "--report", "reports/distill", "--seeds", "2", "--no-twin", "--json", "reports/distill/seeds-no-twin.json"])  # fmt: skip
+    assert "own_runs" not in lean and "student_vs_own_test" not in lean["paired"]
+    assert lean["student_runs"] == out["student_runs"] and lean["alone"] == out["alone"]
 
 
 def test_the_cascades_bench_puts_every_student_behind_the_ngram_and_reports_the_kept_share(pipeline, monkeypatch):  # fmt: skip
@@ -238,6 +242,34 @@ def test_the_cascades_bench_puts_every_student_behind_the_ngram_and_reports_the_
     mean_test = np.mean([out["runs"][n]["cascade"]["accuracy"]["test"] for n in runs])
     assert out["seeds"]["mean"]["cascade"]["test"] == pytest.approx(mean_test)
     assert json.loads((root / "reports/distill/cascades.json").read_text())["runs"].keys() == out["runs"].keys()  # fmt: skip
-    # a rerun with another budget builds the cascades again (the exports are reused)
-    again = bench.main(["--configs", "data/distill/configs", "--report", "reports/distill", "--max-defer", "0.1", "--threads", "1", "--json", "reports/distill/cascades-0.1.json"])  # fmt: skip
+    # a rerun with another budget builds the cascades again (the exports are reused); this one
+    # is the budget a speed target allows: (2.5 / 2.5 - 0.5) / 5 = 0.1 of dev
+    serve = {"reference": "t", "models": {"ng": {"cpu_ms_per_request": 0.5}, "st": {"cpu_ms_per_request": 5.0}, "t": {"cpu_ms_per_request": 2.5}}}  # fmt: skip
+    (root / "serve.json").write_text(json.dumps(serve))
+    again = bench.main(["--configs", "data/distill/configs", "--report", "reports/distill", "--budget-from", "serve.json:ng,st", "--speedup", "2.5", "--count-seeds", "2", "--threads", "1", "--json", "reports/distill/cascades-0.1.json"])  # fmt: skip
+    assert again["max_defer"] == 0.1
     assert all(r["cascade"]["max_defer"] == 0.1 and r["cascade"]["deferred"]["dev"] <= 0.1 + 1e-9 for r in again["runs"].values())  # fmt: skip
+    # the counted seeds' mean is seed 2's own run, not the mean with seed 1
+    counted = again["counted"]["mean"]
+    assert again["counted"]["runs"] == [seed2]
+    assert counted["cascade"]["test"] == again["runs"][seed2]["cascade"]["accuracy"]["test"]
+    assert counted["cascade_test_kept"] == again["runs"][seed2]["cascade_test_kept"]
+    assert counted["cascade_vs_ngram_test"]["diff"] == pytest.approx(counted["cascade"]["test"] - counted["ngram_int8"]["test"])  # fmt: skip
+    with pytest.raises(SystemExit, match="seeds \\[3\\]"):
+        bench.main(["--configs", "data/distill/configs", "--report", "reports/distill", "--max-defer", "0.1", "--count-seeds", "3", "--threads", "1", "--json", "reports/distill/cascades-0.1.json"])  # fmt: skip
+
+
+def test_the_speed_budget_is_what_the_measured_cpu_costs_allow(monkeypatch):
+    """The budget of the snownlp plan (reports/distill-snownlp-l6-k3-fresh/plan.md) from the
+    committed serve report: (7.955 / 2.5 - 0.19) / 4.145 = 0.7218, rounded down to 0.72."""
+    bench = _bench("student_cascades", ROOT, monkeypatch)
+    serve = json.loads((ROOT / "reports/serve_students-cascade-l6-snownlp.json").read_text())
+    assert bench.speed_budget(serve, "ngram", "l6-int8", 2.5) == 0.72
+    assert (
+        bench.speed_budget(serve, "ngram", "l6-int8", 1.0) == 1.0
+    )  # the teacher's speed: no limit
+    assert (
+        bench.speed_budget(serve, "ngram", "l6-int8", 100.0) == 0.0
+    )  # faster than the n-gram: none
+    with pytest.raises(KeyError, match="no model 'l9'"):
+        bench.speed_budget(serve, "ngram", "l9", 2.5)
