@@ -114,19 +114,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--configs", required=True, help="The run's configs_dir (students.yaml).")
     ap.add_argument("--report", required=True, help="The run's report_dir (decision.json, seeds.json).")  # fmt: skip
-    ap.add_argument("--max-defer", type=float, default=0.2, help="The cascade's speed budget: the largest share of dev sent to the student (default 0.2).")  # fmt: skip
+    ap.add_argument("--max-defer", type=float, default=None, help="The cascade's speed budget: the largest share of dev sent to the student (default 0.2; or --budget-from).")  # fmt: skip
     ap.add_argument("--budget-from", default=None, metavar="SERVE.json:NGRAM,STUDENT", help="Set --max-defer from a serve_students report: the share the speed target allows (speed_budget).")  # fmt: skip
     ap.add_argument("--speedup", type=float, default=2.5, help="With --budget-from: the cascade's speed target over the report's reference (default 2.5, issue 56).")  # fmt: skip
     ap.add_argument("--count-seeds", type=int, nargs="+", default=None, help="Also the mean over these seeds alone (1 is the distill run's own).")  # fmt: skip
     ap.add_argument("--threads", type=int, default=2, help="onnxruntime threads of the exports' checks and the cascades")  # fmt: skip
     ap.add_argument("--json", default=None, help="Write the result here (default <report>/cascades.json).")  # fmt: skip
     args = ap.parse_args(argv)
+    if args.budget_from and args.max_defer is not None:
+        ap.error("--max-defer and --budget-from both set the budget: give one")
     if args.budget_from:
         path, _, names = args.budget_from.rpartition(":")
         if not path or names.count(",") != 1:
             ap.error(f"--budget-from {args.budget_from!r}: want SERVE.json:NGRAM,STUDENT")
         args.max_defer = speed_budget(json.loads(io.read_text(path)), *names.split(","), args.speedup)  # fmt: skip
         log(f"budget from {path}: at most {args.max_defer:g} of dev deferred ({args.speedup:g}x its reference)")  # fmt: skip
+    elif args.max_defer is None:
+        args.max_defer = 0.2
 
     from xdpx.distill.plan import kept_share, read_step_config
 

@@ -255,6 +255,9 @@ def test_the_cascades_bench_puts_every_student_behind_the_ngram_and_reports_the_
     assert counted["cascade"]["test"] == again["runs"][seed2]["cascade"]["accuracy"]["test"]
     assert counted["cascade_test_kept"] == again["runs"][seed2]["cascade_test_kept"]
     assert counted["cascade_vs_ngram_test"]["diff"] == pytest.approx(counted["cascade"]["test"] - counted["ngram_int8"]["test"])  # fmt: skip
+    with pytest.raises(SystemExit) as two_budgets:  # argparse's error, before any work
+        bench.main(["--configs", "data/distill/configs", "--report", "reports/distill", "--max-defer", "0.1", "--budget-from", "serve.json:ng,st"])  # fmt: skip
+    assert two_budgets.value.code == 2
     with pytest.raises(SystemExit, match="seeds \\[3\\]"):
         bench.main(["--configs", "data/distill/configs", "--report", "reports/distill", "--max-defer", "0.1", "--count-seeds", "3", "--threads", "1", "--json", "reports/distill/cascades-0.1.json"])  # fmt: skip
 
