@@ -76,12 +76,13 @@ def speed_budget(serve: dict[str, Any], ngram: str, student: str, speedup: float
     errs slow: a cascade of the snownlp 6-layer student measured 1.25 ms at 31% deferred where it
     predicts 1.48. Raises ``KeyError`` naming a model the report lacks.
     """
-    models = serve["models"]
-    for name in (ngram, student, serve["reference"]):
+    models, reference = serve["models"], serve["reference"]
+    cpu: dict[str, float] = {}
+    for name in (ngram, student, reference):
         if name not in models:
             raise KeyError(f"the serve report has no model {name!r} (it has {sorted(models)})")
-    cpu = {name: models[name]["cpu_ms_per_request"] for name in (ngram, student, serve["reference"])}  # fmt: skip
-    d = (cpu[serve["reference"]] / speedup - cpu[ngram]) / cpu[student]
+        cpu[name] = models[name]["cpu_ms_per_request"]
+    d = (cpu[reference] / speedup - cpu[ngram]) / cpu[student]
     return min(1.0, max(0.0, math.floor(d * 100 + 1e-9) / 100))
 
 
@@ -141,6 +142,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit(f"{args.configs}: the plan has no baseline; a cascade needs the n-gram it names")  # fmt: skip
     seeds_file = os.path.join(args.report, "seeds.json")
     seeds = json.loads(io.read_text(seeds_file)) if os.path.exists(seeds_file) else None
+    if args.count_seeds:  # checked before the exports and cascades, not after them
+        have = seeds["seeds"] if seeds else []
+        if missing := sorted(set(args.count_seeds) - set(have)):
+            raise SystemExit(f"--count-seeds {missing}: {seeds_file} has seeds {have}")
     raw = students.prepro.data_source  # the plan's raw: train.tsv, dev.tsv, test.tsv
     save = students.save_dir
     t_dev, t_test = decision["dev"]["teacher"], decision["test"]["teacher"]
@@ -181,8 +186,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         out["seeds"] = {"runs": seed_runs, "mean": seed_mean(out["runs"], seed_runs, t_test)}
         if args.count_seeds:
             by_seed = dict(zip(seeds["seeds"], seed_runs, strict=True))
-            if missing := sorted(set(args.count_seeds) - set(by_seed)):
-                raise SystemExit(f"--count-seeds {missing}: {seeds_file} has seeds {seeds['seeds']}")  # fmt: skip
             counted = [by_seed[k] for k in args.count_seeds]
             out["counted"] = {"seeds": args.count_seeds, "runs": counted, "mean": seed_mean(out["runs"], counted, t_test)}  # fmt: skip
             kept = out["counted"]["mean"]["cascade_test_kept"]
