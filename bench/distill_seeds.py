@@ -61,6 +61,26 @@ def _split_rows(data_dir: str, split: str) -> int:
         split_.close()
 
 
+def student_overrides(items: list[str], ap: argparse.ArgumentParser) -> dict[str, Any]:
+    """``KEY=VALUE`` items as a dict (values parsed as YAML), each key a train config field.
+
+    Raises (through ``ap.error``, exit 2) on an item without ``=`` or an unknown key.
+    """
+    import yaml
+
+    from xdpx.config.train import TrainConfig
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            ap.error(f"--student-set {item!r}: expected KEY=VALUE")
+        if key not in TrainConfig.model_fields:
+            ap.error(f"--student-set {item!r}: {key!r} is not a train config field")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--configs", required=True, help="The run's configs_dir (students.yaml, decide.yaml).")  # fmt: skip
@@ -68,6 +88,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--seeds", type=int, nargs="+", default=[2, 3], help="Student seeds to add to the run's own.")  # fmt: skip
     ap.add_argument("--best-peer-test", type=float, default=None, help="The best peer's test accuracy (the suite's), for the + 1.0 target.")  # fmt: skip
     ap.add_argument("--no-twin", action="store_true", help="Skip the student's own model on the gold labels (the gold-only twin; what distillation adds): a cascade needs only the student and the n-gram.")  # fmt: skip
+    ap.add_argument("--student-set", nargs="+", default=[], metavar="KEY=VALUE", help="Train config keys set for the student's seeds (and its gold-only twin), not the n-gram: e.g. tolerance=100 (no early stop). Values are YAML.")  # fmt: skip
     ap.add_argument("--json", default=None, help="Write the result here.")
     ap.add_argument("--suite-json", default=None, help="Also write the student's row of the suite here (merge it: xdpx suite --merge).")  # fmt: skip
     ap.add_argument("--corpus", default=None, help="The suite corpus of the run (with --suite-json).")  # fmt: skip
@@ -76,11 +97,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.suite_json and not (args.json and args.corpus):
         ap.error("--suite-json needs --json (the seeds report it reads) and --corpus")
 
+    import yaml
+
     from stages import evaluate, train
     from stages.distill import copies_dir, gold_dir, student_train_file
     from xdpx import io
     from xdpx.distill.plan import kept_share, read_step_config
 
+    student_set = student_overrides(args.student_set, ap)
     students = read_step_config(args.configs, "students")
     decide = read_step_config(args.configs, "decide")
     decision = json.loads(io.read_text(os.path.join(args.report, "decision.json")))
@@ -124,8 +148,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for seed in [1, *args.seeds]:
         for role, (name, cfg, data_dir) in roles.items():
             run = os.path.join(students.save_dir, name) if seed == 1 else os.path.join(out_root, f"{name}-seed{seed}")  # fmt: skip
+            sets = student_set if role != "alone" and seed != 1 else {}
             if not os.path.exists(os.path.join(run, "best")):  # a rerun reuses finished runs
-                train.run(cfg.model_copy(update={"data_dir": data_dir, "save_dir": run, "seed": seed}))  # fmt: skip
+                train.run(cfg.model_copy(update={"data_dir": data_dir, "save_dir": run, "seed": seed, **sets}))  # fmt: skip
+            elif sets:  # ... only if it was trained with the same settings
+                saved = yaml.safe_load(io.read_text(os.path.join(run, "params.yaml")))["train"]
+                if wrong := {k: saved.get(k) for k, v in sets.items() if saved.get(k) != v}:
+                    raise SystemExit(f"{run} was trained with {wrong}, not --student-set {sets}: remove it or use another seed")  # fmt: skip
             r = scored(run, data_dir)
             for split in ("dev", "test"):
                 runs[role][split].append(r.metrics[split][metric])
@@ -156,6 +185,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "reference": reference,
         "own_alone": own,
         "seeds": [1, *args.seeds],
+        "student_set": student_set,
         "teacher_dev": t_dev,
         "teacher_test": t_test,
         "alone": runs["alone"],
